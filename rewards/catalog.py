@@ -1,0 +1,73 @@
+"""Every reward name the config can use -> its implementation and parameters (one line per reward).
+
+Defaults for a reward's parameters come from, lowest to highest: the `Param` default here, the `rewards.<name>`
+section of the config (its keys that are parameters of that reward), the part's own keys in
+`domains.<d>.rewards[i]`.
+"""
+
+from __future__ import annotations
+
+from .code_reward import code_reward
+from .language_reward import language_consistency
+from .math_reward import math_verify_reward
+from .registry import Param, RewardSpec, positive
+from .rule_rewards import char_fraction, exact_match, format_reward, length_penalty
+
+_nonneg_int = dict(check=lambda x: x >= 0, hint="must be >= 0")
+_pos = dict(check=positive, hint="must be > 0")
+
+
+def _check_length(params: dict, max_new_tokens: int) -> None:
+    if params["mode"] == "overlong":
+        max_len = params["max_new_tokens"] or max_new_tokens
+        if not params["buffer"]:
+            raise ValueError("mode 'overlong' needs 'buffer' (tokens before max_new_tokens where the penalty ramps)")
+        if not max_len or params["buffer"] > max_len:
+            raise ValueError(f"mode 'overlong' needs 0 < buffer <= max_new_tokens (got buffer={params['buffer']}, "
+                             f"max_new_tokens={max_len}); set rollout.max_new_tokens")
+    elif params["target"] is None or not params["scale"]:
+        raise ValueError("mode 'linear' needs 'target' (tokens) and 'scale' (> 0)")
+
+
+REWARDS: dict[str, RewardSpec] = {
+    "math": RewardSpec(math_verify_reward, runner="pool", params={
+        "max_answer_chars": Param(int, 4000, **_pos),  # only the answer's tail is parsed
+        "inner_timeout_s": Param(int, 5, **_pos),  # math-verify's own parse/verify timeouts
+    }),
+    "code": RewardSpec(code_reward, runner="threads", params={
+        "mode": Param(str, "fraction", choices=("fraction", "all")),
+        "wall_s": Param(float, 10.0, **_pos),
+        "cpu_s": Param(int, 10, **_pos),
+        "memory_mb": Param(int, 1024, **_pos),
+        "output_bytes": Param(int, 1 << 20, **_pos),
+        "max_procs": Param(int, 8, **_pos),
+        "max_program_chars": Param(int, 100_000, **_pos),
+        "network_namespace": Param(bool, True),
+        "sandbox_uid_base": Param(int, 60000, **_pos),
+    }),
+    "exact_match": RewardSpec(exact_match, params={"max_answer_chars": Param(int, 4000, **_pos)}),
+    "format": RewardSpec(format_reward, params={
+        "thinking": Param(bool, True),
+        "think_in_prompt": Param(bool, False),
+    }),
+    "char_fraction": RewardSpec(char_fraction, params={
+        "chars": Param(str, required=True, check=lambda s: len(s) > 0, hint="must not be empty"),
+    }),
+    "length": RewardSpec(length_penalty, score_range=(-1.0, 0.0), cross_check=_check_length, params={
+        "mode": Param(str, "overlong", choices=("overlong", "linear")),
+        "buffer": Param(int, None, **_nonneg_int),
+        "max_new_tokens": Param(int, None, **_pos),  # default: rollout.max_new_tokens
+        "target": Param(int, None, **_nonneg_int),
+        "scale": Param(float, None, **_pos),
+    }),
+    "language": RewardSpec(language_consistency, params={
+        "model": Param(str, "lite", choices=("lite",)),  # "full"/"auto" would try to download a model
+        "min_detect_chars": Param(int, 12, **_pos),
+        "max_segments": Param(int, 2000, **_pos),
+    }),
+}
+
+# Names kept for rewards that are planned but not built yet; using one is a construction error that says so.
+RESERVED: dict[str, str] = {
+    "rubric_judge": "the generative rubric judge (rewards.judge config) is not implemented yet",
+}

@@ -1,0 +1,120 @@
+"""Code outcome reward: run the last fenced Python block of the answer against the sample's tests in the sandbox.
+
+`sample["tests"]` is one test block or a list of them:
+  {"type": "stdio", "cases": [{"input": "...", "output": "..."}, ...]}   one unit per case, one process per case;
+      stdout matches when its whitespace-separated tokens equal the expected ones (line breaks/spacing ignored).
+  {"type": "assert", "code": "assert f(1) == 2\\nassert f(2) == 3"}       one unit per top-level `assert`, all in
+      one process after the program (other top-level statements are setup, run in order).
+Score: `mode: fraction` -> passed units / units; `mode: all` -> 1 only if every unit passed.
+A zero score carries a reason when a guard fired (timeout, CPU/memory/output limit, forbidden operation, killed)
+or there was no code block; wrong output and ordinary exceptions are plain zeros (the program was just wrong).
+Runs on the composer's "threads" runner: the untrusted part is a subprocess this module kills itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import time
+
+from .registry import RewardZero, SampleView
+from .sandbox import RunResult, SandboxLimits, run_program
+from .text import last_python_block
+
+GUARD_STATUSES = ("timeout", "cpu_limit", "memory", "output_limit", "forbidden", "killed")
+
+
+def _blocks(tests) -> list[dict]:
+    if isinstance(tests, dict):
+        tests = [tests]
+    if not isinstance(tests, list) or not tests:
+        raise ValueError("sample has no 'tests' (a test block or a list of them)")
+    for t in tests:
+        if not isinstance(t, dict) or t.get("type") not in ("stdio", "assert"):
+            raise ValueError(f"bad test block {str(t)[:100]!r}: needs type 'stdio' or 'assert'")
+        if t["type"] == "stdio" and not isinstance(t.get("cases"), list):
+            raise ValueError("stdio test block needs a 'cases' list")
+        if t["type"] == "assert" and not isinstance(t.get("code"), str):
+            raise ValueError("assert test block needs a 'code' string")
+    return tests
+
+
+def split_asserts(code: str) -> tuple[list[str], int]:
+    """Test code -> snippets to run in order, and how many of them are asserts (the scored units).
+
+    Setup statements are merged into the following assert's snippet, so every snippet that reports a pass is an
+    assert. Unparsable test code is one unit (all or nothing)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return [code], 1
+    snippets, pending = [], []
+    for node in tree.body:
+        pending.append(ast.get_source_segment(code, node) or ast.unparse(node))
+        if isinstance(node, ast.Assert):
+            snippets.append("\n".join(pending))
+            pending = []
+    if pending and snippets:
+        snippets[-1] += "\n" + "\n".join(pending)
+    if not snippets:
+        return [code], 1
+    return snippets, len(snippets)
+
+
+def outputs_match(got: str, expected: str) -> bool:
+    return got.split() == str(expected).split()
+
+
+def run_tests(program: str, tests, limits: SandboxLimits, deadline: float | None = None) -> tuple[int, int, list[RunResult]]:
+    """(units passed, units total, one RunResult per process). Units left when the deadline passes count failed."""
+    passed = total = 0
+    runs: list[RunResult] = []
+    for block in _blocks(tests):
+        if block["type"] == "stdio":
+            for case in block["cases"]:
+                total += 1
+                if deadline is not None and time.monotonic() >= deadline:
+                    runs.append(RunResult(status="timeout", detail="reward deadline reached"))
+                    continue
+                res = run_program(program, limits, stdin=str(case.get("input", "")))
+                runs.append(res)
+                if res.status == "ok" and outputs_match(res.stdout, case.get("output", "")):
+                    passed += 1
+        else:
+            snippets, n = split_asserts(block["code"])
+            total += n
+            if deadline is not None and time.monotonic() >= deadline:
+                runs.append(RunResult(status="timeout", detail="reward deadline reached"))
+                continue
+            res = run_program(program, limits, asserts=snippets)
+            runs.append(res)
+            passed += len(res.passed)
+    return passed, total, runs
+
+
+def limits_from_params(params: dict) -> SandboxLimits:
+    return SandboxLimits(
+        wall_s=params["wall_s"], cpu_s=params["cpu_s"], memory_mb=params["memory_mb"],
+        output_bytes=params["output_bytes"], max_procs=params["max_procs"], netns=params["network_namespace"],
+        uid_base=params["sandbox_uid_base"],
+    )
+
+
+def code_reward(view: SampleView, params: dict) -> float:
+    tests = view.sample.get("tests")
+    blocks = _blocks(tests)  # bad/missing tests -> ValueError -> a reported part error
+    program = last_python_block(view.answer)
+    if program is None or not program.strip():
+        raise RewardZero("no python code block in the answer")
+    if len(program) > params["max_program_chars"]:
+        raise RewardZero(f"program longer than {params['max_program_chars']} characters")
+    passed, total, runs = run_tests(program, blocks, limits_from_params(params), params.get("_deadline"))
+    if total == 0:
+        raise ValueError("sample has no test cases")
+    score = passed / total if params["mode"] == "fraction" else float(passed == total)
+    if score == 0.0:
+        guard = next((r for r in runs if r.status in GUARD_STATUSES or r.status == "setup_error"), None)
+        if guard is not None:
+            if guard.status == "setup_error":  # our failure, not the program's: surfaces as a part error
+                raise RuntimeError(f"sandbox setup failed: {guard.detail}")
+            raise RewardZero(f"{guard.status}: {guard.detail}")
+    return score

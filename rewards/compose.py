@@ -1,0 +1,277 @@
+"""Per-domain reward composition: total = sum(weight * part) over the domain's `rewards` list.
+
+Failure policy (rewards never take the run down):
+- a bad config (unknown reward name, bad parameter) raises ValueError at construction, naming
+  `domains.<d>.rewards[i]`;
+- a sample of an unknown domain, or missing a field one of its parts needs (answer/tests/...), gets reward 0 and
+  a reason: a data error must not be rewarded through its other parts;
+- a part that raises scores 0 for that part, `reward_error` says which part and why, the other parts still count;
+- a part past its timeout (`timeout_s` of the part > `rewards.<name>.timeout_s` > `rewards.timeout_s`) scores 0
+  with reason "timeout". Parts that could hang never run in the composer's own threads: "pool" parts run in
+  processes that are SIGKILLed on timeout, "threads" parts (code) only wait on sandbox subprocesses they kill.
+`reward_parts[label]` is the UNWEIGHTED part score (0 for a failed part); `reward_error` joins "label: reason".
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from rl.trajectory import Trajectory
+
+from .catalog import RESERVED, REWARDS
+from .math_reward import warm_up_math
+from .process_pool import KillablePool
+from .registry import RewardSpec, RewardZero, SampleView, validate_params
+from .text import answer_part, sanitize
+
+logger = logging.getLogger(__name__)
+
+# Sample fields a reward cannot work without.
+NEEDED_FIELDS = {"math": ("answer",), "exact_match": ("answer",), "code": ("tests",)}
+# Grace on top of a "threads" part's timeout: the sandbox finishes its current run (<= wall_s) before stopping.
+THREAD_GRACE_S = 30.0
+MAX_WARNINGS_PER_BATCH = 5
+
+
+def to_plain(cfg: Any) -> Any:
+    """OmegaConf containers -> plain dicts/lists (resolved); anything else unchanged."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(cfg, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return cfg
+
+
+@dataclass
+class Part:
+    label: str  # key in reward_parts (the reward name unless the config gives a `label`)
+    name: str
+    spec: RewardSpec
+    weight: float
+    params: dict
+    timeout_s: float
+    runner: str  # inline | pool | threads
+    where: str  # config path, for messages
+
+
+@dataclass
+class _Result:
+    value: float = 0.0
+    reason: str | None = None
+    failed: bool = False  # True: an error/timeout (warned per sample); False with a reason: an expected zero
+
+
+class RewardComposer:
+    def __init__(self, domains_cfg: Mapping[str, Any], rewards_cfg: Mapping | None = None, max_new_tokens: int = 0):
+        self.rewards_cfg = dict(to_plain(rewards_cfg) or {})
+        self.max_new_tokens = int(max_new_tokens or 0)
+        self.domains: dict[str, list[Part]] = {}
+        for domain, block in (to_plain(domains_cfg) or {}).items():
+            parts_cfg = block.get("rewards") if isinstance(block, Mapping) else block
+            self.domains[domain] = self._build_domain(domain, parts_cfg)
+        workers = int(self.rewards_cfg.get("num_workers") or 1)
+        math_cfg = self.rewards_cfg.get("math") or {}
+        code_cfg = self.rewards_cfg.get("code") or {}
+        self.pool_size = int(math_cfg.get("pool_size") or workers)
+        self.pool_memory_mb = int(math_cfg.get("memory_mb") or 0)
+        self.code_parallel = int(code_cfg.get("parallel") or workers)
+        runners = {p.runner for parts in self.domains.values() for p in parts}
+        uses_math = any(p.name == "math" for parts in self.domains.values() for p in parts)
+        self._pool = (KillablePool(self.pool_size, self.pool_memory_mb, warmup=warm_up_math if uses_math else None)
+                      if "pool" in runners else None)
+        self._threads = (cf.ThreadPoolExecutor(self.code_parallel, thread_name_prefix="reward-code")
+                         if "threads" in runners else None)
+
+    # --------------------------------------------------------------------------------------------- building
+    def _build_domain(self, domain: str, parts_cfg: Any) -> list[Part]:
+        base = f"domains.{domain}.rewards"
+        if not isinstance(parts_cfg, list) or not parts_cfg:
+            raise ValueError(f"{base}: must be a non-empty list of {{name, weight, ...params}}")
+        parts, labels = [], set()
+        for i, raw in enumerate(parts_cfg):
+            where = f"{base}[{i}]"
+            if not isinstance(raw, Mapping) or "name" not in raw:
+                raise ValueError(f"{where}: must be a mapping with a 'name' (got {raw!r})")
+            name = raw["name"]
+            if name in RESERVED:
+                raise ValueError(f"{where}: reward '{name}' is reserved: {RESERVED[name]}")
+            if name not in REWARDS:
+                raise ValueError(f"{where}: unknown reward '{name}'; known: {sorted(REWARDS)}")
+            spec = REWARDS[name]
+            weight = raw.get("weight", 1.0)
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                raise ValueError(f"{where}: 'weight' must be a finite number, got {weight!r}")
+            section = self.rewards_cfg.get(name) or {}
+            defaults = {k: v for k, v in section.items() if k in spec.params} if isinstance(section, Mapping) else {}
+            params = validate_params(spec, {**defaults, **dict(raw)}, where)
+            if spec.cross_check is not None:
+                try:
+                    spec.cross_check(params, self.max_new_tokens)
+                except ValueError as exc:
+                    raise ValueError(f"{where}: {exc}") from None
+            timeout_s = raw.get("timeout_s", section.get("timeout_s") if isinstance(section, Mapping) else None)
+            timeout_s = float(timeout_s if timeout_s is not None else self.rewards_cfg.get("timeout_s", 30.0))
+            if not timeout_s > 0:
+                raise ValueError(f"{where}: 'timeout_s' must be > 0")
+            isolated = raw.get("isolated", False)
+            if not isinstance(isolated, bool):
+                raise ValueError(f"{where}: 'isolated' must be a bool")
+            runner = "pool" if isolated and spec.runner == "inline" else spec.runner
+            label = str(raw.get("label", name))
+            if label in labels:
+                raise ValueError(f"{where}: a second '{label}' part in domain '{domain}': give it a distinct 'label'")
+            labels.add(label)
+            parts.append(Part(label, name, spec, float(weight), params, timeout_s, runner, where))
+        return parts
+
+    # ---------------------------------------------------------------------------------------------- scoring
+    def ready(self) -> bool:
+        return True
+
+    def _view(self, t: Trajectory) -> SampleView:
+        response = sanitize(t.response_text)
+        return SampleView(
+            response=response, answer=answer_part(response),
+            sample=t.sample if isinstance(t.sample, dict) else {}, finish_reason=str(t.finish_reason),
+            num_response_tokens=t.num_response_tokens, domain=t.domain, max_new_tokens=self.max_new_tokens,
+        )
+
+    def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
+        jobs: dict[str, list[tuple[int, int, SampleView]]] = defaultdict(list)  # runner -> (traj, part, view)
+        results: dict[tuple[int, int], _Result] = {}
+        for ti, t in enumerate(trajs):
+            t.reward, t.reward_parts, t.reward_error = 0.0, {}, None
+            parts = self.domains.get(t.domain)
+            if parts is None:
+                t.reward_error = f"unknown domain {t.domain!r} (configured: {sorted(self.domains)})"
+                logger.warning("reward: sample %s: %s", t.uid, t.reward_error)
+                continue
+            view = self._view(t)
+            missing = [f"'{f}' (needed by {p.label})" for p in parts for f in NEEDED_FIELDS.get(p.name, ())
+                       if view.sample.get(f) in (None, "", [], {})]
+            if missing:
+                t.reward_parts = {p.label: 0.0 for p in parts}
+                t.reward_error = "sample is missing " + ", ".join(missing)
+                logger.warning("reward: sample %s (%s): %s", t.uid, t.domain, t.reward_error)
+                continue
+            for pi, p in enumerate(parts):
+                jobs[p.runner].append((ti, pi, view))
+
+        thread_futures = self._submit_threads(trajs, jobs["threads"])
+        if jobs["pool"]:
+            self._run_pool(trajs, jobs["pool"], results)
+        for ti, pi, view in jobs["inline"]:
+            results[(ti, pi)] = self._call(self.domains[trajs[ti].domain][pi], view)
+        self._collect_threads(trajs, thread_futures, results)
+        self._assemble(trajs, results)
+        return trajs
+
+    def _call(self, part: Part, view: SampleView) -> _Result:
+        try:
+            return self._check_value(part, part.spec.fn(view, part.params))
+        except RewardZero as exc:
+            return _Result(0.0, str(exc))
+        except Exception as exc:  # noqa: BLE001 - a broken reward must not take the run down
+            return _Result(0.0, f"{type(exc).__name__}: {str(exc)[:300]}", failed=True)
+
+    @staticmethod
+    def _check_value(part: Part, value: Any) -> _Result:
+        lo, hi = part.spec.score_range
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return _Result(0.0, f"returned {value!r}, not a finite number", failed=True)
+        if not lo - 1e-9 <= value <= hi + 1e-9:
+            return _Result(0.0, f"returned {value!r}, outside [{lo}, {hi}]", failed=True)
+        return _Result(float(min(max(value, lo), hi)))
+
+    def _run_pool(self, trajs, jobs, results) -> None:
+        tasks = []
+        for ti, pi, view in jobs:
+            part = self.domains[trajs[ti].domain][pi]
+            tasks.append((part.spec.fn, (view, part.params), part.timeout_s))
+        for (ti, pi, _), out in zip(jobs, self._pool.run(tasks)):
+            part = self.domains[trajs[ti].domain][pi]
+            if out.ok:
+                results[(ti, pi)] = self._check_value(part, out.value)
+            else:
+                results[(ti, pi)] = _Result(0.0, out.error, failed=not out.expected)
+
+    def _submit_threads(self, trajs, jobs) -> list:
+        futures = []
+        for ti, pi, view in jobs:
+            part = self.domains[trajs[ti].domain][pi]
+            started: dict[str, float] = {}
+
+            def task(part=part, view=view, started=started) -> _Result:
+                started["t"] = time.monotonic()
+                params = dict(part.params, _deadline=started["t"] + part.timeout_s)
+                return self._call(Part(**{**vars(part), "params": params}), view)
+
+            futures.append((ti, pi, part, started, self._threads.submit(task)))
+        return futures
+
+    def _collect_threads(self, trajs, futures, results) -> None:
+        pending = list(futures)
+        while pending:
+            cf.wait([f for *_, f in pending], timeout=1.0, return_when=cf.FIRST_COMPLETED)
+            now, still = time.monotonic(), []
+            for ti, pi, part, started, fut in pending:
+                if fut.done():
+                    results[(ti, pi)] = fut.result()
+                elif "t" in started and now > started["t"] + part.timeout_s + THREAD_GRACE_S:
+                    # Should not happen (the sandbox bounds every run); abandon rather than block the batch.
+                    results[(ti, pi)] = _Result(0.0, "timeout", failed=True)
+                else:
+                    still.append((ti, pi, part, started, fut))
+            pending = still
+
+    def _assemble(self, trajs, results) -> None:
+        warned = 0
+        zero_reasons: dict[str, list[str]] = defaultdict(list)
+        for ti, t in enumerate(trajs):
+            parts = self.domains.get(t.domain)
+            if parts is None or t.reward_error is not None:
+                continue
+            total, errors = 0.0, []
+            for pi, p in enumerate(parts):
+                r = results.get((ti, pi), _Result(0.0, "not run", failed=True))
+                t.reward_parts[p.label] = r.value
+                total += p.weight * r.value
+                if r.reason is not None:
+                    errors.append(f"{p.label}: {r.reason}")
+                    if r.failed and warned < MAX_WARNINGS_PER_BATCH:
+                        warned += 1
+                        logger.warning("reward %s/%s failed for sample %s: %s", t.domain, p.label, t.uid, r.reason)
+                    elif r.failed:
+                        warned += 1
+                    else:
+                        zero_reasons[f"{t.domain}/{p.label}"].append(r.reason)
+            t.reward = total
+            t.reward_error = "; ".join(errors) if errors else None
+        if warned > MAX_WARNINGS_PER_BATCH:
+            logger.warning("reward: %d part failures in this batch (first %d logged)", warned, MAX_WARNINGS_PER_BATCH)
+        for key, reasons in zero_reasons.items():
+            logger.warning("reward %s: %d sample(s) scored 0 with a reason, e.g. %r", key, len(reasons), reasons[0])
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        if self._threads is not None:
+            self._threads.shutdown(wait=True, cancel_futures=True)
+            self._threads = None
+
+    def __enter__(self) -> "RewardComposer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

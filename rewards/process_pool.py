@@ -1,0 +1,185 @@
+"""A process pool with per-task timeouts that kills and recreates itself when a task hangs or crashes a worker.
+
+Built on `concurrent.futures.ProcessPoolExecutor` with a forkserver context (never plain fork: the reward worker
+may hold threads and Ray state). Why the extra machinery:
+- a future's own timeout only stops *waiting*; the worker keeps burning CPU. Here a task past its deadline gets
+  every worker process SIGKILLed and a fresh executor; the other in-flight tasks (innocent) are re-run.
+- at most `size` tasks are in flight, so a task's clock starts when it actually starts on a worker rather than
+  when it was queued behind a stuck one.
+- a task that breaks the pool (segfault, OOM kill) twice is reported as "worker crashed"; others are re-run.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import multiprocessing as mp
+import os
+import resource
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+# Modules the forkserver imports once, so each forked worker starts with them loaded (math-verify + sympy take
+# ~1 s to import; a fork takes milliseconds).
+PRELOAD = ["math_verify", "rewards.math_reward", "rewards.registry"]
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    value: Any = None
+    error: str | None = None  # "timeout", "worker crashed", or "<ExceptionType>: message"
+    expected: bool = False  # the task raised RewardZero: an expected zero, not a failure
+
+
+def _init_worker(memory_mb: int) -> None:
+    # Cap each worker's address space so one hostile sympy expression cannot take the machine's memory;
+    # it gets a MemoryError inside the task instead.
+    if memory_mb:
+        limit = memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _run_task(fn: Callable, args: tuple) -> tuple[str, Any]:
+    """Runs in the worker. Exceptions become values so the parent can tell them from a broken pool."""
+    from .registry import RewardZero
+
+    try:
+        return "ok", fn(*args)
+    except RewardZero as exc:
+        return "zero", str(exc)
+    except BaseException as exc:  # noqa: BLE001 - any failure of a reward is reported, never propagated
+        return "error", f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def _ping() -> int:
+    return os.getpid()
+
+
+class KillablePool:
+    def __init__(self, size: int, memory_mb: int = 0, warmup: Callable[[], None] | None = None,
+                 start_timeout_s: float = 120.0):
+        self.size = max(1, int(size))
+        self.memory_mb = int(memory_mb or 0)
+        self.warmup = warmup
+        self.start_timeout_s = start_timeout_s
+        self.restarts = 0
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)  # only takes effect if the forkserver is not running yet
+        self._ctx = ctx
+        self._executor: cf.ProcessPoolExecutor | None = None
+        self._start()
+
+    # ---------------------------------------------------------------------------------------------- lifecycle
+    def _start(self) -> None:
+        self._executor = cf.ProcessPoolExecutor(
+            max_workers=self.size, mp_context=self._ctx, initializer=_init_worker, initargs=(self.memory_mb,)
+        )
+        # Start every worker now (the executor spawns lazily) so start-up time never counts against a task.
+        futures = [self._executor.submit(_ping) for _ in range(self.size)]
+        if self.warmup is not None:
+            futures += [self._executor.submit(_run_task, self.warmup, ()) for _ in range(self.size)]
+        done, not_done = cf.wait(futures, timeout=self.start_timeout_s)
+        if not_done:
+            logger.warning("reward pool: workers did not start within %.0f s", self.start_timeout_s)
+
+    def worker_pids(self) -> list[int]:
+        procs = getattr(self._executor, "_processes", None) or {}
+        return [p.pid for p in list(procs.values()) if p.pid is not None]
+
+    def _kill(self) -> None:
+        """SIGKILL every worker process and drop the executor (it cannot be reused after that)."""
+        ex, self._executor = self._executor, None
+        if ex is None:
+            return
+        procs = list((getattr(ex, "_processes", None) or {}).values())
+        for p in procs:
+            try:
+                p.kill()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        ex.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            p.join(timeout=5)
+
+    def restart(self) -> None:
+        self.restarts += 1
+        self._kill()
+        self._start()
+
+    def close(self) -> None:
+        self._kill()
+
+    # ------------------------------------------------------------------------------------------------- running
+    def run(self, tasks: list[tuple[Callable, tuple, float]]) -> list[Outcome]:
+        """Run `(fn, args, timeout_s)` tasks; one Outcome per task, in order. Never raises for a task's failure."""
+        results: list[Outcome | None] = [None] * len(tasks)
+        queue = deque(range(len(tasks)))
+        attempts = [0] * len(tasks)
+        inflight: dict[cf.Future, tuple[int, float]] = {}  # future -> (task index, deadline)
+        while queue or inflight:
+            if self._executor is None:
+                self._start()
+            while queue and len(inflight) < self.size:
+                i = queue.popleft()
+                fn, args, timeout_s = tasks[i]
+                try:
+                    fut = self._executor.submit(_run_task, fn, args)
+                except cf.process.BrokenProcessPool:
+                    # The pool died before this task ran (e.g. workers cannot start); bounded retries.
+                    attempts[i] += 1
+                    if attempts[i] >= 2:
+                        results[i] = Outcome(False, error="worker crashed (pool could not start)")
+                    else:
+                        queue.appendleft(i)
+                    self.restart()
+                    continue
+                inflight[fut] = (i, time.monotonic() + timeout_s)
+            if not inflight:
+                continue
+            next_deadline = min(d for _, d in inflight.values())
+            done, _ = cf.wait(list(inflight), timeout=max(0.0, next_deadline - time.monotonic()),
+                              return_when=cf.FIRST_COMPLETED)
+            broken = False
+            for fut in done:
+                i, _ = inflight.pop(fut)
+                try:
+                    status, value = fut.result()
+                except cf.process.BrokenProcessPool:
+                    broken = True
+                    attempts[i] += 1
+                    if attempts[i] >= 2:
+                        results[i] = Outcome(False, error="worker crashed")
+                    else:
+                        queue.appendleft(i)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable argument or result
+                    results[i] = Outcome(False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                    continue
+                if status == "ok":
+                    results[i] = Outcome(True, value=value)
+                else:
+                    results[i] = Outcome(False, error=value, expected=status == "zero")
+            now = time.monotonic()
+            expired = [f for f, (_, d) in inflight.items() if d <= now and not f.done()]
+            if expired or broken:
+                for fut in expired:
+                    i, _ = inflight.pop(fut)
+                    results[i] = Outcome(False, error="timeout")
+                # Innocent in-flight tasks lose their worker with the pool: re-run them from scratch.
+                for fut, (i, _) in list(inflight.items()):
+                    if fut.done() and not fut.exception():
+                        status, value = fut.result()
+                        results[i] = Outcome(status == "ok", value=value if status == "ok" else None,
+                                             error=None if status == "ok" else value, expected=status == "zero")
+                    else:
+                        queue.appendleft(i)
+                inflight.clear()
+                logger.warning("reward pool: restarting (%d timed out, crashed=%s)", len(expired), broken)
+                self.restart()
+        return results  # type: ignore[return-value]

@@ -1,0 +1,123 @@
+"""Text helpers shared by the rewards: sanitising hostile model output and cutting a response into parts.
+
+Everything here is linear in the input size (no regex that can backtrack catastrophically), because responses
+are model output of any size and content.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+# C0 controls other than tab/newline/carriage return, plus DEL: they carry no meaning for any reward and confuse
+# tokenisers / fastText / sympy. Mapped to a space so word boundaries survive.
+_CONTROL_TABLE = {c: " " for c in (*range(0, 9), 11, 12, *range(14, 32), 127)}
+
+
+def sanitize(text: object) -> str:
+    """Any object -> a valid str: lone surrogates replaced ("\\ud800" cannot be encoded as UTF-8), controls -> space."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    elif not isinstance(text, str):
+        text = "" if text is None else str(text)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", errors="replace").decode("utf-8")
+    return text.translate(_CONTROL_TABLE)
+
+
+def answer_part(response: str) -> str:
+    """The part of a response after the reasoning.
+
+    Rule: text after the LAST `</think>`; a response with `<think>` but no `</think>` is all reasoning (truncated or
+    malformed) so its answer part is empty; a response with no think tags is all answer. This also covers chat
+    templates that open `<think>` in the prompt: the response then holds only `</think>`.
+    """
+    close = response.rfind(THINK_CLOSE)
+    if close >= 0:
+        return response[close + len(THINK_CLOSE):]
+    if THINK_OPEN in response:
+        return ""
+    return response
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (or `\\fbox{...}`) with balanced braces, None if there is none."""
+    best = None
+    for marker in ("\\boxed", "\\fbox"):
+        start = text.rfind(marker)
+        if start >= 0 and (best is None or start > best[0]):
+            best = (start, marker)
+    if best is None:
+        return None
+    i = best[0] + len(best[1])
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i >= len(text) or text[i] != "{":
+        return None
+    depth, j = 0, i
+    while j < len(text):
+        ch = text[j]
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1: j]
+        j += 1
+    return None  # unbalanced: no usable box
+
+
+def _split_fences(text: str) -> list[tuple[str, str]]:
+    """Fenced blocks of a markdown text as (info string, body), in order. Unclosed trailing fences are dropped."""
+    blocks = []
+    pos = 0
+    while True:
+        open_at = text.find("```", pos)
+        if open_at < 0:
+            break
+        line_end = text.find("\n", open_at + 3)
+        if line_end < 0:
+            break
+        info = text[open_at + 3: line_end].strip()
+        close_at = text.find("```", line_end + 1)
+        if close_at < 0:
+            break
+        blocks.append((info, text[line_end + 1: close_at]))
+        pos = close_at + 3
+    return blocks
+
+
+_PYTHON_INFOS = {"", "python", "py", "python3", "py3"}
+
+
+def last_python_block(text: str) -> str | None:
+    """Body of the last fenced block tagged python (or untagged); other languages (```bash...) are skipped."""
+    for info, body in reversed(_split_fences(text)):
+        if info.split(" ", 1)[0].lower() in _PYTHON_INFOS:
+            return body
+    return None
+
+
+def remove_fenced_blocks(text: str) -> str:
+    """Text with every closed ``` fenced block removed (used by the language reward: code is not prose)."""
+    out, pos = [], 0
+    while True:
+        open_at = text.find("```", pos)
+        if open_at < 0:
+            break
+        close_at = text.find("```", open_at + 3)
+        if close_at < 0:
+            break
+        out.append(text[pos:open_at])
+        out.append("\n")
+        pos = close_at + 3
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def nfkc(text: str) -> str:
+    return unicodedata.normalize("NFKC", text)

@@ -1,0 +1,187 @@
+"""The Ray side of the driver: start the actors, fan work out to them, and survive a dead worker.
+
+Roles (one class each, easy to find): `rollout.worker.RolloutWorker`, `rewards.worker.RewardWorker`,
+`trainer.policy.PolicyTrainer` (one per data-parallel rank), `trainer.reference.ReferenceModel`.
+Rollout and reward workers are stateless apart from weights, so one that dies is replaced (and re-synced) and
+its share is retried once; a dead trainer rank ends the run with a pointer to the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+
+import numpy as np
+import ray
+from ray.exceptions import RayActorError
+
+from rl.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+def start_ray(rcfg: dict) -> None:
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if rcfg.get("address"):
+        ray.init(address=rcfg["address"], log_to_driver=True)
+    else:
+        ray.init(
+            num_cpus=rcfg.get("num_cpus"),
+            num_gpus=rcfg.get("num_gpus"),
+            include_dashboard=False,
+            log_to_driver=True,
+            runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith(("HF_", "TRANSFORMERS_", "WANDB_", "MIXRL_", "TOKENIZERS_", "DS_"))}},
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _split(items: list, n: int) -> list[list]:
+    bounds = np.linspace(0, len(items), n + 1).round().astype(int)
+    return [items[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+class ActorPool:
+    """Stateless workers of one class; a worker that dies is recreated and its share retried once."""
+
+    def __init__(self, name: str, factory: Callable[[int], ray.actor.ActorHandle], size: int,
+                 on_restart: Callable[[ray.actor.ActorHandle], None] | None = None):
+        self.name, self.factory, self.on_restart = name, factory, on_restart
+        self.actors = [factory(i) for i in range(size)]
+
+    def wait_ready(self) -> None:
+        ray.get([a.ready.remote() for a in self.actors])
+
+    def map(self, method: str, items: list, *args) -> list:
+        """Split items across the workers, call `method(share, *args)`, concatenate results in order."""
+        shares = _split(items, len(self.actors))
+        refs = [getattr(a, method).remote(s, *args) if s else None for a, s in zip(self.actors, shares)]
+        out: list = []
+        for i, (ref, share) in enumerate(zip(refs, shares)):
+            if ref is None:
+                continue
+            try:
+                out.extend(ray.get(ref))
+            except RayActorError as e:
+                log.error("%s worker %d died (%s); restarting it and retrying its %d items", self.name, i, e, len(share))
+                self.actors[i] = self.factory(i)
+                ray.get(self.actors[i].ready.remote())
+                if self.on_restart is not None:
+                    self.on_restart(self.actors[i])
+                out.extend(ray.get(getattr(self.actors[i], method).remote(share, *args)))
+        return out
+
+
+class Cluster:
+    def __init__(self, cfg: dict, model_path: str):
+        from rewards.worker import RewardWorker
+        from rollout.worker import RolloutWorker
+        from trainer.policy import PolicyTrainer
+        from trainer.reference import ReferenceModel
+
+        self.cfg = cfg
+        r, t, rw = cfg["rollout"], cfg["trainer"], cfg["rewards"]
+        self._latest_weights = None
+        self._weight_sync = None  # vLLM: GPU weight sync (trainer/weight_sync.py); hf: the CPU path below
+        from trainer.weight_sync import colocated_bundles
+
+        self._bundle = colocated_bundles(cfg)  # colocated vLLM: worker i and trainer rank i share GPU bundle i
+        rollout_cls = ray.remote(num_cpus=r["num_cpus"], num_gpus=r["num_gpus"])(RolloutWorker)
+        self.rollout = ActorPool(
+            "rollout",
+            lambda i: rollout_cls.options(**self._bundle(i)).remote(cfg, model_path, i),
+            int(r["num_workers"]),
+            on_restart=self._reload_worker,
+        )
+        if r["engine"] != "hf":
+            self.rollout.wait_ready()  # vLLM profiles GPU memory at start: start it before the trainers allocate
+        reward_cls = ray.remote(num_cpus=rw["num_cpus"])(RewardWorker)
+        self.rewards = ActorPool("reward", lambda i: reward_cls.remote(cfg), int(rw["num_workers"]))
+        n = int(t["num_processes"])
+        port = _free_port()
+        trainer_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["num_gpus"])(PolicyTrainer)
+        self.trainers = [
+            trainer_cls.options(**self._bundle(rank)).remote(cfg, model_path, rank, n, "127.0.0.1", port) for rank in range(n)
+        ]
+        self.reference = None
+        if any(float(d["kl_coef"]) > 0 for d in cfg["domains"].values()):
+            ref_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(ReferenceModel)
+            self.reference = ref_cls.remote(cfg, model_path)
+        self.rollout.wait_ready()
+        self.rewards.wait_ready()
+        self._get_trainers([a.ready.remote() for a in self.trainers])
+        if self.reference is not None:
+            ray.get(self.reference.ready.remote())
+        if ray.get(self.rollout.actors[0].engine_name.remote()) == "vllm":
+            from trainer.weight_sync import VLLMWeightSync
+
+            self._weight_sync = VLLMWeightSync(cfg, self.rollout.actors, self.trainers)
+            self._weight_sync.init()
+
+    def _get_trainers(self, refs: list):
+        try:
+            return ray.get(refs)
+        except RayActorError as e:
+            raise RuntimeError(
+                f"a PolicyTrainer rank died ({e}). Weights and optimizer state since the last checkpoint are lost; "
+                f"restart with trainer.resume=auto and the same run_dir={self.cfg['run_dir']} to continue from it."
+            ) from e
+
+    # -- phases ------------------------------------------------------------------------------------------
+    def generate(self, requests: list[dict], step: int) -> list[Trajectory]:
+        trajs = self.rollout.map("generate", requests, step)
+        if self._weight_sync is not None:
+            self._weight_sync.after_generate()  # colocated + sleep mode: give the GPU memory to the trainer
+        return trajs
+
+    def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
+        return self.rewards.map("score", trajs)
+
+    def ref_logprobs(self, trajs: list[Trajectory]) -> list[np.ndarray]:
+        return ray.get(self.reference.logprobs.remote(trajs))
+
+    def train(self, minibatches: list[list[Trajectory]]) -> list[dict]:
+        """Each mini-batch is split evenly across ranks; the loss is normalised by the whole mini-batch."""
+        n = len(self.trainers)
+        norms = [(len(mb), int(sum(t.generated_mask().sum() for t in mb))) for mb in minibatches]
+        shards = [[_split(mb, n)[rank] for mb in minibatches] for rank in range(n)]
+        return self._get_trainers([a.train_step.remote(shards[r], norms) for r, a in enumerate(self.trainers)])
+
+    def sync_weights(self) -> None:
+        """Trainer -> rollout workers: vLLM's GPU weight transfer (CUDA IPC / NCCL), else the object store."""
+        if self._weight_sync is not None:
+            self.last_sync = self._weight_sync.sync()
+            return
+        refs = [a.full_state_dict.remote(self.cfg["model"]["dtype"]) for a in self.trainers]
+        self._get_trainers(refs[1:])
+        self._latest_weights = refs[0]
+        ray.get([w.load_state_dict.remote(refs[0]) for w in self.rollout.actors])
+
+    def _reload_worker(self, actor) -> None:
+        """A restarted rollout worker gets the current weights (vLLM: once through the CPU path, then back on IPC)."""
+        if self._weight_sync is not None:
+            refs = [a.full_state_dict.remote(self.cfg["model"]["dtype"]) for a in self.trainers]
+            self._get_trainers(refs[1:])
+            ray.get(actor.load_state_dict.remote(refs[0]))
+            self._weight_sync.reattach(actor)
+        elif self._latest_weights is not None:
+            ray.get(actor.load_state_dict.remote(self._latest_weights))
+
+    def save(self, ckpt_dir: str, client_state: dict) -> None:
+        self._get_trainers([a.save.remote(ckpt_dir, client_state) for a in self.trainers])
+
+    def load(self, ckpt_dir: str) -> dict:
+        return self._get_trainers([a.load.remote(ckpt_dir) for a in self.trainers])[0]
+
+    def shutdown(self) -> None:
+        for a in [*self.rollout.actors, *self.rewards.actors, *self.trainers, self.reference]:
+            if a is not None:
+                ray.kill(a)

@@ -1,0 +1,123 @@
+"""Start-up validation of the resolved Hydra config: every mistake fails here, naming the key.
+
+Hydra already rejects overrides of keys that do not exist (struct mode); this catches what it cannot: keys
+added with `+`, wrong types and ranges, inconsistent batch shapes, and per-domain blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message starts with the dotted key."""
+
+
+DOMAIN_KEYS = {"weight", "dataset", "kl_coef", "opsm_delta", "rewards"}
+DATASET_KEYS = {"path", "name", "split", "columns", "system_prompt", "data_files"}
+AGGREGATIONS = {"seq_mean_token_mean", "token_mean", "seq_mean_token_sum"}
+AUTO_BOOL = {"auto", True, False}
+LOGGER_MODES = {"auto", "online", "offline", "disabled"}
+
+
+def _num(cfg: Mapping, key: str, path: str, *, lo: float | None = None, hi: float | None = None,
+         lo_open: bool = False, integer: bool = False, optional: bool = False) -> Any:
+    value = cfg.get(key)
+    where = f"{path}.{key}"
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{where} is required")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise ConfigError(f"{where} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if math.isnan(value):
+        raise ConfigError(f"{where} must not be NaN")
+    if lo is not None and (value <= lo if lo_open else value < lo):
+        raise ConfigError(f"{where} must be {'>' if lo_open else '>='} {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{where} must be <= {hi}, got {value}")
+    return value
+
+
+def _choice(cfg: Mapping, key: str, path: str, choices: set) -> Any:
+    value = cfg.get(key)
+    if value not in choices:
+        raise ConfigError(f"{path}.{key} must be one of {sorted(map(str, choices))}, got {value!r}")
+    return value
+
+
+def validate_domains(domains: Any) -> None:
+    if domains is None or not isinstance(domains, Mapping) or not domains:
+        raise ConfigError("domains is empty: pick an experiment (e.g. +experiment=mixed_rl) or set domains.<name>")
+    for name, d in domains.items():
+        path = f"domains.{name}"
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"{path} must be a mapping with keys {sorted(DOMAIN_KEYS)}")
+        unknown = set(d) - DOMAIN_KEYS
+        if unknown:
+            raise ConfigError(f"{path}.{sorted(unknown)[0]}: unknown key; allowed: {sorted(DOMAIN_KEYS)}")
+        _num(d, "weight", path, lo=0, lo_open=True)
+        _num(d, "kl_coef", path, lo=0)
+        _num(d, "opsm_delta", path, lo=0, optional=True)
+        ds = d.get("dataset")
+        if not isinstance(ds, Mapping) or not ds.get("path"):
+            raise ConfigError(f"{path}.dataset.path is required (a local file/dir, bundled:<file>, or a hub name)")
+        unknown = set(ds) - DATASET_KEYS
+        if unknown:
+            raise ConfigError(f"{path}.dataset.{sorted(unknown)[0]}: unknown key; allowed: {sorted(DATASET_KEYS)}")
+        cols = ds.get("columns") or {}
+        if not isinstance(cols, Mapping) or "prompt" not in cols:
+            raise ConfigError(f"{path}.dataset.columns must map at least `prompt` to a dataset column")
+        rewards = d.get("rewards")
+        if not isinstance(rewards, (list, tuple)) or not rewards:
+            raise ConfigError(f"{path}.rewards must be a non-empty list of {{name, weight, ...}}")
+        for i, spec in enumerate(rewards):
+            if not isinstance(spec, Mapping) or "name" not in spec:
+                raise ConfigError(f"{path}.rewards[{i}] must be a mapping with a `name`")
+            _num(spec, "weight", f"{path}.rewards[{i}]")
+
+
+def validate(cfg: Mapping) -> None:
+    """Raise ConfigError for the first problem found."""
+    validate_domains(cfg.get("domains"))
+    r, t, a, data = cfg["rollout"], cfg["trainer"], cfg["algorithm"], cfg["data"]
+    _num(r, "n_samples", "rollout", lo=1, integer=True)
+    _num(r, "temperature", "rollout", lo=0)
+    _num(r, "top_p", "rollout", lo=0, lo_open=True, hi=1)
+    _num(r, "top_k", "rollout", lo=0, integer=True)
+    _num(r, "max_new_tokens", "rollout", lo=1, integer=True)
+    _num(r, "num_workers", "rollout", lo=1, integer=True)
+    _num(data, "prompts_per_step", "data", lo=1, integer=True)
+    _num(data, "max_prompt_tokens", "data", lo=1, integer=True)
+    for key in ("total_steps", "num_processes", "micro_batch_size", "mini_batches"):
+        _num(t, key, "trainer", lo=1, integer=True)
+    _num(t, "save_every", "trainer", lo=0, integer=True)
+    _num(t, "lr", "trainer", lo=0)
+    _choice(t, "zero_stage", "trainer", {0, 1, 2, 3})
+    _num(a, "clip_eps_low", "algorithm", lo=0, hi=1)
+    _num(a, "clip_eps_high", "algorithm", lo=0)
+    _choice(a, "loss_aggregation", "algorithm", AGGREGATIONS)
+    for key in ("keep_sampling_mask", "keep_routing"):
+        _choice(a, key, "algorithm", AUTO_BOOL)
+    _choice(cfg["logger"], "mode", "logger", LOGGER_MODES)
+    samples = data["prompts_per_step"] * r["n_samples"]
+    shards = t["mini_batches"] * t["num_processes"]
+    if samples % shards:
+        raise ConfigError(
+            f"trainer.mini_batches: data.prompts_per_step * rollout.n_samples = {samples} samples per step must "
+            f"split evenly into trainer.mini_batches * trainer.num_processes = {shards} shards"
+        )
+
+
+def resolve_auto(cfg: dict, is_moe: bool) -> dict:
+    """Fill `auto` switches from the sampling settings and the model; returns cfg (mutated)."""
+    a, r = cfg["algorithm"], cfg["rollout"]
+    if a["keep_sampling_mask"] == "auto":
+        a["keep_sampling_mask"] = bool(r["top_p"] < 1.0 or r["top_k"] > 0)
+    if a["keep_routing"] == "auto":
+        a["keep_routing"] = bool(is_moe)
+    if a["keep_routing"] and not is_moe:
+        raise ConfigError("algorithm.keep_routing=true but the policy is not a mixture-of-experts model")
+    return cfg

@@ -1,0 +1,183 @@
+"""Token logprobs (and entropy) of the sampled tokens, chunked over positions, with the Keep Sampling Mask.
+
+The LM head over a 150k vocabulary is the largest activation of an RL step: [N, V] float32 logits for N = 8192
+tokens is 5 GB, and autograd would keep it (plus its softmax) alive until backward. Here the logits exist one
+chunk at a time, in forward and again (recomputed) in backward, so peak extra memory is O(chunk_size * V) plus
+one [V, H] gradient accumulator.
+
+Keep Sampling Mask (DeepSeek-V3.2): the engine sampled from a top-p/top-k truncated distribution; at position t
+only the ids in K_t (recorded as CSR `mask_ids`/`mask_offsets`) plus the sampled id had non-zero probability. The
+training policy is renormalised over the same set so pi_theta and pi_old share one action space:
+
+    log pi_theta(o_t) = z_t[o_t] - logsumexp_{v in K_t u {o_t}} z_t[v],   z_t = (h_t W^T + b) / temperature.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    # bf16/fp16 inputs are promoted to float32 for the softmax; float64 inputs (tests) stay float64.
+    return torch.promote_types(dtype, torch.float32)
+
+
+def keep_matrix(
+    mask_ids: torch.Tensor,
+    offsets_cpu: torch.Tensor,
+    targets: torch.Tensor,
+    start: int,
+    end: int,
+    vocab: int,
+    invert: bool = False,
+) -> torch.Tensor:
+    """Dense bool [end-start, V]: True at the kept ids of positions start..end-1 (CSR rows), target always kept.
+
+    invert=True returns the complement (True = masked out), built directly to save a second [rows, V] buffer.
+    """
+    rows = end - start
+    dev = targets.device
+    lo, hi = int(offsets_cpu[start]), int(offsets_cpu[end])
+    counts = (offsets_cpu[start + 1 : end + 1] - offsets_cpu[start:end]).to(dev)
+    row_ids = torch.repeat_interleave(torch.arange(rows, device=dev), counts)
+    out = torch.full((rows, vocab), invert, dtype=torch.bool, device=dev)
+    out[row_ids, mask_ids[lo:hi].to(device=dev, dtype=torch.long)] = not invert
+    out[torch.arange(rows, device=dev), targets[start:end]] = not invert
+    return out
+
+
+def _masked_logits_chunk(hidden, weight, bias, targets, mask_ids, offsets_cpu, temperature, cdt, s, e):
+    """z = (h W^T + b) / T for positions s..e-1 in the compute dtype, -inf outside the kept sets."""
+    z = F.linear(hidden[s:e], weight, bias).to(cdt).div_(temperature)
+    if offsets_cpu is not None:
+        z.masked_fill_(keep_matrix(mask_ids, offsets_cpu, targets, s, e, weight.shape[0], invert=True), float("-inf"))
+    return z
+
+
+class _ChunkedTokenLogprobs(torch.autograd.Function):
+    """logp_t = z_t[o_t] - lse_t over the (masked) vocabulary; only lse [N] is saved for backward.
+
+    Backward per chunk: dL/dz_t = g_t * (onehot(o_t) - softmax(z_t)) / temperature (softmax over the kept set),
+    then dL/dh = dz W and dL/dW = dz^T h, dL/db = sum_t dz.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, mask_ids, mask_offsets, temperature, chunk_size, with_entropy):
+        N, V = hidden.shape[0], weight.shape[0]
+        cdt = _compute_dtype(hidden.dtype)
+        offsets_cpu = mask_offsets.cpu() if mask_offsets is not None else None
+        logp = torch.empty(N, dtype=cdt, device=hidden.device)
+        lse = torch.empty(N, dtype=cdt, device=hidden.device)
+        entropy = torch.empty(N if with_entropy else 0, dtype=cdt, device=hidden.device)
+        for s in range(0, N, chunk_size):
+            e = min(s + chunk_size, N)
+            z = _masked_logits_chunk(hidden, weight, bias, targets, mask_ids, offsets_cpu, temperature, cdt, s, e)
+            # logsumexp by hand, in place, so the chunk needs one [c, V] buffer instead of two.
+            target_z = z.gather(1, targets[s:e, None]).squeeze(1)
+            zmax = z.amax(dim=-1)  # finite: the target is always kept
+            total = z.sub_(zmax[:, None]).exp_().sum(-1)
+            lse[s:e] = zmax + total.log()
+            logp[s:e] = target_z - lse[s:e]
+            if with_entropy:
+                # H = -sum p log p; xlogy gives 0 (not NaN) for the masked-out ids where p = 0.
+                p = z.div_(total[:, None])
+                entropy[s:e] = -torch.special.xlogy(p, p).sum(-1)
+            del z
+        ctx.save_for_backward(hidden, weight, bias, targets, mask_ids, mask_offsets, lse)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        hidden, weight, bias, targets, mask_ids, mask_offsets, lse = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        N, V = hidden.shape[0], weight.shape[0]
+        cdt = lse.dtype
+        offsets_cpu = mask_offsets.cpu() if mask_offsets is not None else None
+        grad_h = torch.empty_like(hidden) if need_h else None
+        # Accumulate dW over chunks in the compute dtype: summing many bf16 partial products loses precision.
+        grad_w = torch.zeros(weight.shape, dtype=cdt, device=weight.device) if need_w else None
+        grad_b = torch.zeros(V, dtype=cdt, device=weight.device) if (need_b and bias is not None) else None
+        grad_logp = grad_logp.to(cdt)
+        for s in range(0, N, ctx.chunk_size):
+            e = min(s + ctx.chunk_size, N)
+            z = _masked_logits_chunk(
+                hidden, weight, bias, targets, mask_ids, offsets_cpu, ctx.temperature, cdt, s, e
+            )
+            g = grad_logp[s:e]
+            # dz = g * (onehot - p) / T, built in place in the logits buffer (exp(-inf) = 0 off the kept set).
+            dz = z.sub_(lse[s:e, None]).exp_().mul_(-(g / ctx.temperature)[:, None])
+            dz[torch.arange(e - s, device=dz.device), targets[s:e]] += g / ctx.temperature
+            dz_in = dz.to(hidden.dtype)
+            if need_h:
+                grad_h[s:e] = dz_in @ weight
+            if need_w:
+                if dz_in.dtype == cdt:
+                    grad_w.addmm_(dz_in.t(), hidden[s:e])
+                else:
+                    grad_w += (dz_in.t() @ hidden[s:e]).to(cdt)
+            if grad_b is not None:
+                grad_b += dz.sum(0)
+            del z, dz, dz_in
+        return (
+            grad_h,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_b.to(bias.dtype) if grad_b is not None else None,
+            None, None, None, None, None, None,
+        )
+
+
+def token_logprobs(
+    hidden: torch.Tensor,
+    lm_weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    mask_ids: torch.Tensor | None = None,
+    mask_offsets: torch.Tensor | None = None,
+    lm_bias: torch.Tensor | None = None,
+    chunk_size: int = 1024,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi_theta(o_t) for each generated position, from its final hidden state, chunked over positions.
+
+    hidden [N, H] is already gathered at the generated positions (`TrainBatch.logit_index`), lm_weight [V, H],
+    targets [N] the sampled ids. With mask_ids (int32 [M]) / mask_offsets (long [N+1], CSR) the log-softmax is
+    over K_t u {o_t} (module docstring); an empty K_t leaves only o_t, so logp_t = 0. Gradients flow to hidden,
+    lm_weight and lm_bias. The returned entropy [N] (with_entropy=True) is of the same (masked or full)
+    distribution and carries no gradient. Outputs are float32 (float64 when the inputs are float64).
+    """
+    if (mask_ids is None) != (mask_offsets is None):
+        raise ValueError("mask_ids and mask_offsets go together")
+    if mask_offsets is not None and mask_offsets.shape[0] != hidden.shape[0] + 1:
+        raise ValueError(f"mask_offsets has {mask_offsets.shape[0]} entries for {hidden.shape[0]} positions (need N+1)")
+    if chunk_size < 1:
+        raise ValueError("chunk_size must be >= 1")
+    logp, entropy = _ChunkedTokenLogprobs.apply(
+        hidden, lm_weight, lm_bias, targets.long(), mask_ids, mask_offsets, float(temperature), int(chunk_size),
+        bool(with_entropy),
+    )
+    return logp, (entropy if with_entropy else None)
+
+
+def token_logprobs_from_logits(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    mask_ids: torch.Tensor | None = None,
+    mask_offsets: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unchunked reference: (logp [N], entropy [N]) from full [N, V] logits (temperature already applied).
+
+    Materialises the whole [N, V] buffer; for tests and small inputs only.
+    """
+    N, V = logits.shape
+    if mask_offsets is not None:
+        drop = keep_matrix(mask_ids, mask_offsets.cpu(), targets.long(), 0, N, V, invert=True)
+        logits = logits.masked_fill(drop, float("-inf"))
+    logsm = torch.log_softmax(logits, dim=-1)
+    logp = logsm.gather(1, targets.long()[:, None]).squeeze(1)
+    entropy = -torch.special.xlogy(logsm.exp(), logsm.exp()).sum(-1)
+    return logp, entropy.detach()

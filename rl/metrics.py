@@ -1,0 +1,64 @@
+"""One flat dict of step metrics from the trajectories and the trainer ranks' metric sums."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from rl.trajectory import Trajectory
+
+
+def _mean(xs) -> float:
+    return float(np.mean(xs)) if len(xs) else 0.0
+
+
+def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    m: dict[str, float] = {
+        "reward/mean": _mean([t.reward for t in trajs]),
+        "reward/std": float(np.std([t.reward for t in trajs])) if trajs else 0.0,
+        "reward/error_frac": _mean([t.reward_error is not None for t in trajs]),
+        "response_length/mean": _mean([t.num_response_tokens for t in trajs]),
+        "response_length/max": float(max((t.num_response_tokens for t in trajs), default=0)),
+        "response_length/truncated_frac": _mean([t.finish_reason == "length" for t in trajs]),
+        "prompt_length/mean": _mean([len(t.prompt_ids) for t in trajs]),
+        "advantage/abs_mean": _mean([abs(t.advantage) for t in trajs]),
+        "rollout/mask_truncated_frac": _mean([t.mask_truncated > 0 for t in trajs]),
+    }
+    by_domain: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_domain[t.domain].append(t)
+    for d, ts in sorted(by_domain.items()):
+        m[f"reward/{d}/mean"] = _mean([t.reward for t in ts])
+        m[f"response_length/{d}/mean"] = _mean([t.num_response_tokens for t in ts])
+        m[f"samples/{d}"] = float(len(ts))
+        for part in sorted({p for t in ts for p in t.reward_parts}):
+            m[f"reward/{d}/{part}"] = _mean([t.reward_parts.get(part, 0.0) for t in ts])
+    return m
+
+
+def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int) -> dict[str, float | None]:
+    """Reduce the ranks' sums (see trainer.policy.accumulate_stats) to the logged values."""
+    s: dict[str, float] = defaultdict(float)
+    for rs in rank_sums:
+        for k, v in rs.items():
+            s[k] += v
+    n_ranks = max(len(rank_sums), 1)
+    ratio = lambda a, b: s[a] / s[b] if s[b] else 0.0  # noqa: E731
+    m: dict[str, float | None] = {
+        # Micro-batch losses are fractions of their mini-batch's objective: sum, then average over mini-batches.
+        "loss/pg": s["loss/pg"] / mini_batches,
+        "loss/kl": s["loss/kl"] / mini_batches,
+        "clip_frac": ratio("clip_tokens", "tokens"),
+        "entropy": ratio("entropy_sum", "tokens"),
+        "mismatch/logprob_abs": ratio("mismatch_abs_sum", "mismatch_tokens"),
+        "mismatch/routing_frac": ratio("routing_mismatch", "routing_total"),
+        "grad_norm": s["grad_norm"] / max(s["optimizer_steps"], 1),
+        "lr": s["lr"] / n_ranks,
+        "opsm/masked_frac": sum(s[f"opsm_masked/{d}"] for d in domains) / max(sum(s[f"seqs/{d}"] for d in domains), 1),
+    }
+    for d in domains:
+        m[f"opsm/{d}/masked_frac"] = ratio(f"opsm_masked/{d}", f"seqs/{d}")
+        # None (null in metrics.jsonl, absent in W&B) when the domain's kl_coef is 0: its reference is not run.
+        m[f"kl/{d}"] = ratio(f"kl_sum/{d}", f"kl_seqs/{d}") if s[f"kl_seqs/{d}"] else None
+    return m

@@ -1,0 +1,186 @@
+"""Model and tokenizer resolution, including the embedded default built locally from a config.
+
+`model.path` is either an HF causal-LM directory / hub name (real runs) or `embedded:<name>`: a small
+random-weight model and a byte-level BPE tokenizer with a chat template and `<think>`/`</think>` tokens, built
+on first use from the bundled data and cached under `MIXRL_CACHE` (default `~/.cache/mixrl`). Nothing is
+downloaded. Build happens once in the driver (`resolve_model_path`) so actors only ever load a directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+# Qwen-style ChatML; `enable_thinking=false` pre-fills an empty think block like Qwen3 does.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+# Bump when the embedded builder changes so stale caches are rebuilt rather than silently reused.
+EMBEDDED_VERSION = 1
+
+# Small MoE policies; a few million parameters so a 2-core CPU runs RL steps in seconds.
+EMBEDDED_CONFIGS: dict[str, dict] = {
+    "tiny-moe": dict(
+        model_type="qwen3_moe",
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        output_router_logits=False,
+    ),
+    "tiny-dense": dict(
+        model_type="qwen3",
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+    ),
+}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("MIXRL_CACHE", Path.home() / ".cache" / "mixrl"))
+
+
+def _tokenizer_corpus() -> list[str]:
+    texts = []
+    for f in sorted(BUNDLED_DIR.glob("*.jsonl")):
+        for line in f.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                texts.extend(str(v) for v in row.values() if isinstance(v, (str, int, float)))
+    texts.append("The answer is \\boxed{42}. Let me think step by step: 1 + 2 = 3, 3 * 4 = 12.")
+    return texts
+
+
+def build_tokenizer(out_dir: Path, vocab_size: int = 2048):
+    """Byte-level BPE trained on the bundled data: encodes any text, round-trips exactly."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_tokenizer_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<think>", "</think>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def build_embedded(name: str, out_dir: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if name not in EMBEDDED_CONFIGS:
+        raise ValueError(f"model.path=embedded:{name}: unknown embedded model; choose from {sorted(EMBEDDED_CONFIGS)}")
+    tok = build_tokenizer(out_dir)
+    spec = dict(EMBEDDED_CONFIGS[name])
+    model_type = spec.pop("model_type")
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=len(tok),
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        **spec,
+    )
+    _quiet_transformers()
+    torch.manual_seed(0)  # the embedded model is the same on every machine
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out_dir)
+
+
+def resolve_model_path(path: str) -> str:
+    """Return a loadable path; builds and caches `embedded:<name>` models (atomic, safe to race)."""
+    if not str(path).startswith("embedded:"):
+        return str(path)
+    name = str(path).split(":", 1)[1]
+    # The tokenizer is trained on the bundled data, so its content is part of the cache key.
+    digest = hashlib.sha256("\n".join(_tokenizer_corpus()).encode()).hexdigest()[:10]
+    target = cache_root() / f"{name}-v{EMBEDDED_VERSION}-{digest}"
+    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        build_embedded(name, tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process won the race; its copy is identical
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    except KeyError:
+        raise ValueError(f"model.dtype must be float32, bfloat16 or float16, got {name!r}") from None
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-load weight bars flood the logs of every actor
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str, dtype: str = "float32", attn_implementation: str | None = None, device: str = "cpu"):
+    from transformers import AutoModelForCausalLM
+
+    _quiet_transformers()
+    kwargs = {"dtype": torch_dtype(dtype)}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    return model.to(device)

@@ -1,0 +1,185 @@
+"""The one data contract: a `Trajectory` per sample, flowing rollout -> rewards -> trainer.
+
+A rollout engine fills the token fields (token-in/token-out: nothing the model produced is ever re-tokenised),
+the reward worker fills `reward`/`reward_parts`/`reward_error`, the driver fills `advantage` and the per-domain
+algorithm knobs, and `collate` turns a list of them into the padded tensors the trainer consumes.
+
+Alignment convention used everywhere: position `p` of `input_ids` predicts token `p + 1`. The trainer works on
+the generated positions only, flattened in sample order: row `j` of a sample's generated part is the logits row
+that predicted `response_ids[j]`, i.e. absolute position `len(prompt_ids) + j - 1`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Trajectory:
+    uid: str  # unique per sample
+    group_id: str  # the G samples of one prompt share it (GRPO group)
+    domain: str  # key under `domains.` in the config
+    prompt_ids: np.ndarray  # int32 [P]
+    response_ids: np.ndarray  # int32 [R]; multi-turn: everything after the first prompt, tool output included
+    sampling_logprobs: np.ndarray  # float32 [R]; the engine's processed logprob of each response token
+    finish_reason: str = "stop"  # "stop" (EOS/stop token) | "length" (hit max_new_tokens)
+    # Multi-turn: 1 where the policy generated the token, 0 for tool/environment tokens. None = all generated.
+    loss_mask: np.ndarray | None = None
+    # Keep Sampling Mask as CSR over response positions: ids kept by top-k/top-p at position j are
+    # mask_ids[mask_offsets[j]:mask_offsets[j+1]]. None = full vocabulary (no truncation at sampling).
+    mask_ids: np.ndarray | None = None  # int32
+    mask_offsets: np.ndarray | None = None  # int64 [R + 1]
+    # Keep Routing: expert ids per position of prompt+response minus the last token, per layer, per slot:
+    # [P + R - 1, num_hidden_layers, top_k], uint8 (uint16 above 256 experts); dense layers are zero rows.
+    routed_experts: np.ndarray | None = None
+    # Positions whose recorded kept set may be incomplete (vLLM top-K logprobs cut it); informative only.
+    mask_truncated: int = 0
+    prompt_text: str = ""  # rendered prompt (chat template applied), for rewards and logs
+    response_text: str = ""  # decoded once by the engine, for rewards; never tokenised again
+    sample: dict[str, Any] = field(default_factory=dict)  # dataset row in our field names (answer, rubric, tests...)
+    ref_logprobs: np.ndarray | None = None  # float32 [R]; reference policy, filled only when kl_coef > 0
+    reward: float = 0.0
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    reward_error: str | None = None
+    advantage: float = 0.0
+    kl_coef: float = 0.0  # this sample's domain KL strength (domains.<d>.kl_coef)
+    opsm_delta: float | None = None  # this sample's domain OPSM threshold (domains.<d>.opsm_delta), None = off
+
+    def __post_init__(self) -> None:
+        self.prompt_ids = np.asarray(self.prompt_ids, dtype=np.int32)
+        self.response_ids = np.asarray(self.response_ids, dtype=np.int32)
+        self.sampling_logprobs = np.asarray(self.sampling_logprobs, dtype=np.float32)
+        if self.sampling_logprobs.shape != self.response_ids.shape:
+            raise ValueError(
+                f"trajectory {self.uid}: {len(self.sampling_logprobs)} sampling logprobs for "
+                f"{len(self.response_ids)} response tokens"
+            )
+        if self.mask_offsets is not None and len(self.mask_offsets) != len(self.response_ids) + 1:
+            raise ValueError(f"trajectory {self.uid}: mask_offsets must have len(response_ids) + 1 entries")
+        if self.routed_experts is not None:
+            expect = len(self.prompt_ids) + len(self.response_ids) - 1
+            if self.routed_experts.shape[0] != expect:
+                raise ValueError(
+                    f"trajectory {self.uid}: routed_experts has {self.routed_experts.shape[0]} rows, "
+                    f"expected len(prompt)+len(response)-1 = {expect}"
+                )
+
+    @property
+    def num_response_tokens(self) -> int:
+        return int(len(self.response_ids))
+
+    def generated_mask(self) -> np.ndarray:
+        """1 for response tokens the policy produced (the loss is taken over these only)."""
+        if self.loss_mask is None:
+            return np.ones(len(self.response_ids), dtype=np.float32)
+        return np.asarray(self.loss_mask, dtype=np.float32)
+
+
+@dataclass
+class TrainBatch:
+    """Padded tensors for one micro-batch; built by `collate`, consumed by the trainer.
+
+    B = number of samples, T = longest prompt+response, N = total number of response tokens (flattened).
+    """
+
+    input_ids: torch.Tensor  # long [B, T], right padded with pad_id
+    attention_mask: torch.Tensor  # long [B, T]
+    # Flat view of the response positions (sample order, then position order):
+    logit_index: torch.Tensor  # long [N]; index into the [B*T] flattened hidden states predicting each token
+    targets: torch.Tensor  # long [N]; the sampled token ids
+    seq_index: torch.Tensor  # long [N]; which sample (0..B-1) each token belongs to
+    loss_mask: torch.Tensor  # float [N]; 1 for policy-generated tokens
+    old_logprobs: torch.Tensor  # float [N]; engine sampling logprobs (pi_old)
+    advantages: torch.Tensor  # float [B]
+    kl_coef: torch.Tensor  # float [B]
+    opsm_delta: torch.Tensor  # float [B]; +inf where OPSM is off for the sample's domain
+    mask_ids: torch.Tensor | None  # int32 [M] concatenated kept sets, or None when no sample has one
+    mask_offsets: torch.Tensor | None  # long [N + 1]
+    routed_experts: torch.Tensor | None  # long [B, T-1, L, K] (rows beyond a sample's length are 0)
+    route_valid: torch.Tensor | None  # bool [B, T-1]; False where no route was recorded (padding)
+    num_seqs: int
+    domains: list[str]
+    ref_logprobs: torch.Tensor | None = None  # float [N]; reference logprobs (0 for samples with kl_coef == 0)
+
+    def to(self, device: torch.device | str) -> "TrainBatch":
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.to(device))
+        return self
+
+
+def collate(trajs: list[Trajectory], pad_id: int) -> TrainBatch:
+    """Right-pad a list of trajectories into a `TrainBatch` (see the alignment convention above)."""
+    if not trajs:
+        raise ValueError("collate needs at least one trajectory")
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
+    B, T = len(trajs), max(lengths)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, T), dtype=torch.long)
+    logit_index, seq_index = [], []
+    for i, t in enumerate(trajs):
+        ids = np.concatenate([t.prompt_ids, t.response_ids])
+        input_ids[i, : len(ids)] = torch.from_numpy(ids.astype(np.int64))
+        attention_mask[i, : len(ids)] = 1
+        P, R = len(t.prompt_ids), len(t.response_ids)
+        logit_index.append(torch.arange(P - 1, P + R - 1) + i * T)
+        seq_index.append(torch.full((R,), i, dtype=torch.long))
+    cat = lambda xs, dtype: torch.from_numpy(np.concatenate(xs).astype(dtype)) if xs else torch.empty(0)  # noqa: E731
+
+    has_mask = any(t.mask_offsets is not None for t in trajs)
+    mask_ids = mask_offsets = None
+    if has_mask:
+        # A sample without a recorded set (e.g. greedy) keeps just its sampled token at every position.
+        ids_parts, lens = [], []
+        for t in trajs:
+            if t.mask_offsets is None:
+                ids_parts.append(t.response_ids.astype(np.int32))
+                lens.append(np.ones(len(t.response_ids), dtype=np.int64))
+            else:
+                ids_parts.append(np.asarray(t.mask_ids, dtype=np.int32))
+                lens.append(np.diff(np.asarray(t.mask_offsets, dtype=np.int64)))
+        mask_ids = torch.from_numpy(np.concatenate(ids_parts).astype(np.int32))
+        all_lens = np.concatenate(lens)
+        mask_offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(all_lens)]).astype(np.int64))
+
+    routed = route_valid = None
+    if any(t.routed_experts is not None for t in trajs):
+        if not all(t.routed_experts is not None for t in trajs):
+            raise ValueError("some trajectories of a batch carry routed_experts and some do not")
+        L, K = trajs[0].routed_experts.shape[1:]
+        routed = torch.zeros((B, max(T - 1, 1), L, K), dtype=torch.long)
+        route_valid = torch.zeros((B, max(T - 1, 1)), dtype=torch.bool)
+        for i, t in enumerate(trajs):
+            n = t.routed_experts.shape[0]
+            routed[i, :n] = torch.from_numpy(t.routed_experts.astype(np.int64))
+            route_valid[i, :n] = True
+
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        logit_index=torch.cat(logit_index),
+        targets=cat([t.response_ids for t in trajs], np.int64),
+        seq_index=torch.cat(seq_index),
+        loss_mask=cat([t.generated_mask() for t in trajs], np.float32),
+        old_logprobs=cat([t.sampling_logprobs for t in trajs], np.float32),
+        advantages=torch.tensor([t.advantage for t in trajs], dtype=torch.float32),
+        kl_coef=torch.tensor([t.kl_coef for t in trajs], dtype=torch.float32),
+        opsm_delta=torch.tensor(
+            [float("inf") if t.opsm_delta is None else t.opsm_delta for t in trajs], dtype=torch.float32
+        ),
+        mask_ids=mask_ids,
+        mask_offsets=mask_offsets,
+        routed_experts=routed,
+        route_valid=route_valid,
+        num_seqs=B,
+        domains=[t.domain for t in trajs],
+        ref_logprobs=(
+            cat([t.ref_logprobs if t.ref_logprobs is not None else np.zeros(len(t.response_ids)) for t in trajs], np.float32)
+            if any(t.ref_logprobs is not None for t in trajs)
+            else None
+        ),
+    )

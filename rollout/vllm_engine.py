@@ -1,0 +1,321 @@
+"""The vLLM rollout engine: same interface as `rollout.hf_engine.HFEngine`, on `vllm.LLM` (vLLM 0.26).
+
+Token ids in (`prompt_token_ids`), token ids out (`detokenize=False`: nothing is re-tokenised, and vLLM does not
+decode the top-K logprob tokens either). What the trainer needs, per response token:
+- the sampled token's processed logprob: `LLM(logprobs_mode="processed_logprobs")` reports logprobs after
+  temperature/top-k/top-p, i.e. under the truncated renormalised distribution the token was drawn from;
+- the kept set (Keep Sampling Mask, CSR): vLLM 0.26 has no mask output, so it is recovered as the finite entries of
+  the top-K processed logprobs (`SamplingParams(logprobs=K, flat_logprobs=True)`, K >= top_k). When the K-th entry
+  is still finite the set may be cut (top_k > K, top-p only, or ties at the top-k threshold): such positions are
+  counted in `Generation.mask_truncated`. K defaults to top_k + 1, so a cut is flagged only when it can happen;
+- the MoE routes (Keep Routing): `LLM(enable_return_routed_experts=True)`; rows of dense layers are zeroed using
+  the config (`rl.routing.moe_layer_indices`), since 0 is also a valid expert id.
+The flat logprobs are converted with numpy only (one reshape per sample, no per-token Python loop).
+
+Weights: `update_weights` & co. forward vLLM's native weight-transfer API (CUDA IPC when colocated, NCCL when
+split; see trainer/weight_sync.py); `load_state_dict` is the slow CPU fallback (a restarted worker).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from rl.models import load_tokenizer
+from rollout.hf_engine import Generation
+from rollout.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def vllm_available() -> bool:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        import vllm  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def default_num_logprobs(top_k: int) -> int:
+    """K: top_k + 1 recovers every top-k set and flags only ties; without top-k, 64 (then cuts are flagged)."""
+    return int(top_k) + 1 if top_k and top_k > 0 else 64
+
+
+@dataclass
+class _Capture:
+    logprobs: np.ndarray  # float32 [R]
+    mask_ids: np.ndarray | None
+    mask_offsets: np.ndarray | None
+    truncated: int
+
+
+def flat_to_capture(flat, num_tokens: int, want_mask: bool) -> _Capture:
+    """vLLM FlatLogprobs of one completion -> sampled logprobs + kept sets (CSR) + number of maybe-cut positions.
+
+    Layout per position (vLLM's sampler): entry 0 is the sampled token, entries 1..K the top-K in descending order
+    (the sampled token may appear again among them). -inf marks ids outside the kept set.
+    """
+    R = int(num_tokens)
+    vals = np.asarray(flat.logprobs, dtype=np.float32)
+    toks = np.asarray(flat.token_ids, dtype=np.int32)
+    if R == 0:
+        empty = np.zeros(0, dtype=np.float32)
+        return _Capture(empty, np.zeros(0, np.int32) if want_mask else None,
+                        np.zeros(1, np.int64) if want_mask else None, 0)
+    starts = np.asarray(flat.start_indices[:R], dtype=np.int64)
+    ends = np.asarray(flat.end_indices[:R], dtype=np.int64)
+    width = ends - starts
+    W = int(width[0])
+    if W >= 1 and (width == W).all() and len(vals) >= R * W and starts[0] == 0:
+        v2, t2 = vals[: R * W].reshape(R, W), toks[: R * W].reshape(R, W)
+    else:  # ragged (should not happen with a fixed K): pad to the widest position with -inf
+        W = int(width.max())
+        col = np.arange(W)[None, :]
+        idx = np.minimum(starts[:, None] + col, len(vals) - 1)
+        valid = col < width[:, None]
+        v2 = np.where(valid, vals[idx], -np.inf).astype(np.float32)
+        t2 = np.where(valid, toks[idx], 0).astype(np.int32)
+    sampled = v2[:, 0].copy()
+    if not want_mask or W < 2:
+        return _Capture(sampled, None, None, 0)
+    top, top_ids = v2[:, 1:], t2[:, 1:]
+    finite = np.isfinite(top)
+    counts = finite.sum(axis=1)
+    offsets = np.zeros(R + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return _Capture(sampled, top_ids[finite].astype(np.int32, copy=False), offsets, int(finite[:, -1].sum()))
+
+
+def align_routes(routes: np.ndarray, rows: int, dense_layers: list[int], dtype: np.dtype) -> np.ndarray:
+    """vLLM routed_experts [S, L, K] -> [rows, L, K] in the route dtype with dense-layer rows zeroed."""
+    out = np.asarray(routes).astype(dtype, copy=True)
+    if out.shape[0] > rows:
+        out = out[:rows]
+    elif out.shape[0] < rows:  # never seen; keep the contract (missing rows = no route recorded -> zeros)
+        pad = np.zeros((rows - out.shape[0], *out.shape[1:]), dtype=dtype)
+        out = np.concatenate([out, pad], axis=0)
+    if dense_layers:
+        out[:, dense_layers] = 0
+    return np.ascontiguousarray(out)
+
+
+def _num_experts(config) -> int:
+    for key in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+class VLLMEngine:
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "bfloat16",
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.4,
+        enable_sleep_mode: bool = False,
+        max_logprobs: int = 64,
+        record_routes: bool = True,
+        weight_transfer_backend: str | None = None,
+        max_model_len: int | None = None,
+        enforce_eager: bool = False,
+        seed: int = 0,
+        per_request_seed: bool = False,
+        extra_args: dict | None = None,
+    ):
+        # IPC handles travel pickled; the sampler needs no flashinfer.
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        try:
+            import flashinfer  # noqa: F401
+        except Exception:
+            os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        from transformers import AutoConfig, GenerationConfig
+        from vllm import LLM
+
+        from rl.routing import moe_layer_indices, route_dtype
+
+        self.tokenizer = load_tokenizer(model_path)
+        config = AutoConfig.from_pretrained(model_path)
+        self.max_logprobs = int(max_logprobs)
+        self.per_request_seed = bool(per_request_seed)
+        moe = moe_layer_indices(config) if record_routes else None
+        self.record_routes = bool(moe)
+        self.dense_layers = sorted(set(range(config.num_hidden_layers)) - set(moe or []))
+        self.route_dtype = route_dtype(_num_experts(config)) if moe else None
+        kwargs = dict(
+            model=model_path,
+            dtype=dtype,
+            tensor_parallel_size=int(tensor_parallel_size),
+            gpu_memory_utilization=float(gpu_memory_utilization),
+            enable_sleep_mode=bool(enable_sleep_mode),
+            logprobs_mode="processed_logprobs",
+            max_logprobs=self.max_logprobs,
+            enforce_eager=bool(enforce_eager),
+            seed=int(seed),
+        )
+        if self.record_routes:
+            kwargs["enable_return_routed_experts"] = True
+        if max_model_len:
+            kwargs["max_model_len"] = int(max_model_len)
+        if weight_transfer_backend:
+            try:
+                from vllm.config import WeightTransferConfig
+
+                kwargs["weight_transfer_config"] = WeightTransferConfig(backend=weight_transfer_backend)
+            except ImportError:
+                kwargs["weight_transfer_config"] = {"backend": weight_transfer_backend}
+        kwargs.update(extra_args or {})
+        self.llm = LLM(**kwargs)
+        try:
+            gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+        except Exception:
+            gen_eos = None
+        gen_eos = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
+        self.eos_ids = sorted({*gen_eos, self.tokenizer.eos_token_id} - {None})
+        self._asleep: set[str] = set()
+        self.last_convert_seconds = 0.0
+
+    # -- sampling ------------------------------------------------------------------------------------------
+    def _sampling_params(self, sp: SamplingParams, capture: bool = True):
+        from vllm import SamplingParams as VSP
+
+        truncates = sp.truncates and sp.temperature > 0
+        return VSP(
+            n=int(sp.n),
+            temperature=float(sp.temperature),
+            top_p=float(sp.top_p),
+            top_k=int(sp.top_k) if sp.top_k > 0 else 0,
+            max_tokens=int(sp.max_new_tokens),
+            stop_token_ids=sorted({*self.eos_ids, *sp.stop_token_ids}),
+            seed=sp.seed if (self.per_request_seed and sp.seed is not None) else None,
+            logprobs=(self.max_logprobs if truncates else 0) if capture else None,
+            flat_logprobs=True,
+            detokenize=False,
+        )
+
+    @staticmethod
+    def _prompts(prompts: list[list[int]]):
+        try:
+            from vllm.inputs import TokensPrompt
+        except ImportError:  # pragma: no cover - older layouts
+            TokensPrompt = dict  # noqa: N806
+        for p in prompts:
+            if len(p) == 0:
+                raise ValueError("cannot generate from an empty prompt")
+        return [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
+
+    def generate(self, prompts: list[list[int]], sp: SamplingParams, capture: bool = True) -> list[list[Generation]]:
+        """Sample `sp.n` continuations of every prompt; grouped per prompt. capture=False (benchmarks only)
+        skips logprobs, kept sets and the route conversion."""
+        if self._asleep:
+            raise RuntimeError(f"vLLM engine is asleep ({sorted(self._asleep)}); sync weights / wake it first")
+        vsp = self._sampling_params(sp, capture)
+        want_mask = capture and sp.truncates and sp.temperature > 0
+        outputs = self.llm.generate(self._prompts(prompts), vsp, use_tqdm=False)
+        t0 = time.perf_counter()
+        groups: list[list[Generation]] = []
+        for prompt, req in zip(prompts, outputs):
+            P = len(prompt)
+            gens = []
+            for comp in sorted(req.outputs, key=lambda c: c.index):
+                ids = np.asarray(comp.token_ids, dtype=np.int32)
+                R = len(ids)
+                g = Generation(
+                    response_ids=ids,
+                    logprobs=np.zeros(R, dtype=np.float32),
+                    finish_reason="length" if comp.finish_reason == "length" else "stop",
+                )
+                if comp.finish_reason not in ("length", "stop"):
+                    log.warning("vLLM finished a request with %r; reported as 'stop'", comp.finish_reason)
+                if capture:
+                    cap = flat_to_capture(comp.logprobs, R, want_mask)
+                    g.logprobs = cap.logprobs
+                    g.mask_ids, g.mask_offsets, g.mask_truncated = cap.mask_ids, cap.mask_offsets, cap.truncated
+                    if self.record_routes and comp.routed_experts is not None:
+                        g.routed_experts = align_routes(comp.routed_experts, P + R - 1, self.dense_layers, self.route_dtype)
+                gens.append(g)
+            groups.append(gens)
+        self.last_convert_seconds = time.perf_counter() - t0  # our conversion cost (benchmarks/rollout_capture.py)
+        return groups
+
+    # -- scoring -------------------------------------------------------------------------------------------
+    def _prompt_logprobs(self, sequences: list[list[int]]) -> list[np.ndarray]:
+        """log p(token_t | tokens_<t) for t >= 1 of each sequence (plain softmax; temperature 1)."""
+        from vllm import SamplingParams as VSP
+
+        vsp = VSP(max_tokens=1, temperature=1.0, prompt_logprobs=0, flat_logprobs=True, detokenize=False)
+        out = []
+        for req, seq in zip(self.llm.generate(self._prompts(sequences), vsp, use_tqdm=False), sequences):
+            plp = req.prompt_logprobs  # position 0 has none
+            if hasattr(plp, "start_indices"):
+                starts = np.asarray(plp.start_indices[1:], dtype=np.int64)
+                vals = np.asarray(plp.logprobs, dtype=np.float32)
+                out.append(vals[starts])  # entry 0 of each position is the prompt token itself
+            else:
+                out.append(np.array([d[int(t)].logprob for d, t in zip(plp[1:], seq[1:])], dtype=np.float32))
+        return out
+
+    def score(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[np.ndarray]:
+        """Logprob of each continuation token given the prompt and the preceding continuation tokens."""
+        seqs = [list(p) + list(c) for p, c in zip(prompts, continuations)]
+        return [lp[len(p) - 1 :] for lp, p in zip(self._prompt_logprobs(seqs), prompts)]
+
+    def next_token_logprobs(self, prompts: list[list[int]], token_ids: list[int]) -> np.ndarray:
+        """log p(token | prompt) at the position after each prompt, for the given candidate tokens: [B, C]."""
+        seqs = [list(p) + [int(t)] for p in prompts for t in token_ids]
+        last = np.array([lp[-1] for lp in self._prompt_logprobs(seqs)], dtype=np.float32)
+        return last.reshape(len(prompts), len(token_ids))
+
+    # -- sleep mode ----------------------------------------------------------------------------------------
+    def sleep(self, level: int = 2) -> None:
+        if not self._asleep:
+            self.llm.sleep(level=int(level))
+            self._asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        tags = [t for t in (tags or ["weights", "kv_cache"]) if t in self._asleep]
+        if tags:
+            self.llm.wake_up(tags=tags)
+            self._asleep -= set(tags)
+
+    # -- weights (vLLM's native weight-transfer API) ------------------------------------------------------------
+    def init_weight_transfer_engine(self, request: dict) -> None:
+        self.llm.init_weight_transfer_engine(request)
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def update_weights(self, request: dict) -> None:
+        self.llm.update_weights(request)
+
+    def finish_weight_update(self) -> None:
+        self.llm.finish_weight_update()
+
+    def reset_prefix_cache(self) -> None:
+        self.llm.reset_prefix_cache()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """CPU fallback (a restarted worker): load HF-named CPU tensors into every vLLM worker."""
+        from trainer.weight_sync import to_checkpoint_format
+
+        model_type = getattr(self.llm.llm_engine.model_config.hf_config, "model_type", "")
+        items = [kv for name, t in state_dict.items() for kv in to_checkpoint_format(name, t, model_type)]
+        self.wake_up()
+        self.llm.collective_rpc(_load_weights_rpc, args=(items,))
+        self.reset_prefix_cache()
+
+
+def _load_weights_rpc(worker, items):  # runs inside each vLLM worker process
+    runner = worker.model_runner
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    model.load_weights(weights=iter(items))
+    return None

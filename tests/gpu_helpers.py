@@ -1,0 +1,105 @@
+"""Shared by tests/test_vllm_gpu.py and benchmarks/*.py: random-weight models with the locally built tokenizer,
+and a config dict for RolloutWorker / PolicyTrainer without composing Hydra (only the groups they read)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Small models for the GPU tests (head_dim 64; the MoE has one dense layer so dense-row zeroing is exercised).
+DENSE_SMALL = dict(
+    model_type="qwen3", hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, rope_theta=10000.0,
+    tie_word_embeddings=False, initializer_range=0.1,
+)
+MOE_SMALL = dict(
+    model_type="qwen3_moe", hidden_size=256, intermediate_size=768, moe_intermediate_size=256, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
+    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0], max_position_embeddings=4096,
+    rope_theta=10000.0, tie_word_embeddings=False, output_router_logits=False, initializer_range=0.1,
+)
+# Benchmark shapes: Qwen3-0.6B, and a ~1.1B Qwen3-MoE (32 experts, top-4), with Qwen's vocabulary size.
+QWEN3_06B = dict(
+    model_type="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
+    rms_norm_eps=1e-6, tie_word_embeddings=True,
+)
+MOE_1B = dict(
+    model_type="qwen3_moe", hidden_size=1024, intermediate_size=3072, moe_intermediate_size=512, num_hidden_layers=16,
+    num_attention_heads=16, num_key_value_heads=4, head_dim=128, num_experts=32, num_experts_per_tok=4,
+    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936, max_position_embeddings=40960,
+    rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, output_router_logits=False,
+)
+
+
+def build_model(out_dir: str | Path, spec: dict, seed: int = 0) -> str:
+    """Random-weight bf16 model (real weights via save_pretrained) + the locally built tokenizer in out_dir."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rl.models import build_tokenizer
+
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").exists():
+        return str(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out_dir)
+    spec = dict(spec)
+    model_type = spec.pop("model_type")
+    vocab = spec.pop("vocab_size", len(tok))
+    config = AutoConfig.for_model(
+        model_type, vocab_size=vocab, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        bos_token_id=None, **spec,
+    )
+    torch.manual_seed(seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out_dir)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return str(out_dir)
+
+
+def _yaml(rel: str) -> dict:
+    return yaml.safe_load((ROOT / "conf" / rel).read_text())
+
+
+def base_cfg(model_path: str, *, keep_mask: bool, keep_routing: bool, **groups) -> dict:
+    """cfg dict with rollout=vllm, trainer=deepspeed, algorithm=grpo, data=default; `groups` updates per group,
+    e.g. rollout=dict(top_p=0.9)."""
+    cfg = {
+        "seed": 1,
+        "rollout": _yaml("rollout/vllm.yaml"),
+        "trainer": _yaml("trainer/deepspeed.yaml"),
+        "algorithm": _yaml("algorithm/grpo.yaml"),
+        "data": _yaml("data/default.yaml"),
+        "model": {"path": model_path, "dtype": "bfloat16", "attn_implementation": "sdpa"},
+        "domains": {},
+    }
+    cfg["algorithm"].update(keep_sampling_mask=keep_mask, keep_routing=keep_routing)
+    cfg["trainer"].update(num_gpus=0.5, num_cpus=1)
+    for group, values in groups.items():
+        cfg.setdefault(group, {}).update(copy.deepcopy(values))
+    return cfg
+
+
+def chat_prompts(tokenizer, n: int) -> list[list[int]]:
+    texts = [
+        "What is 12 times 7?", "Write a haiku about the sea.", "Explain recursion briefly.", "Sort 5, 3, 9, 1.",
+        "Name three prime numbers.", "What is the capital of France?", "Translate 'hello' to Spanish.",
+        "Give a short proof that sqrt(2) is irrational.",
+    ]
+    out = []
+    for i in range(n):
+        text = f"{texts[i % len(texts)]} (request {i})"
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        out.append(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    return out

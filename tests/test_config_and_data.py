@@ -1,0 +1,127 @@
+"""Config composition and start-up validation; the domain mixture's data loading, order and resume."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from rl.config import ConfigError, validate
+from rl.data import PromptMixture, load_domain_rows
+from rl.models import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def composed(*overrides: str) -> dict:
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["+experiment=mixed_rl", *overrides])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_mixed_rl_composes_and_validates():
+    cfg = composed("domains.math.kl_coef=0.05")
+    validate(cfg)
+    assert cfg["domains"]["math"]["kl_coef"] == 0.05
+    assert {"math", "code", "logic"} <= set(cfg["domains"])
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("+domains.math.klcoef=0.1", "domains.math.klcoef"),
+        ("domains.math.kl_coef=-0.1", "domains.math.kl_coef"),
+        ("domains.code.opsm_delta=-1", "domains.code.opsm_delta"),
+        ("domains.math.weight=0", "domains.math.weight"),
+        ("rollout.top_p=1.5", "rollout.top_p"),
+        ("trainer.mini_batches=3", "trainer.mini_batches"),
+        ("algorithm.loss_aggregation=sum", "algorithm.loss_aggregation"),
+        ("+domains.math.dataset.colums={prompt: q}", "domains.math.dataset.colums"),
+    ],
+)
+def test_bad_config_names_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[")):
+        validate(composed(override))
+
+
+def test_no_domains_is_a_clear_error():
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train"), resolve=True)
+    with pytest.raises(ConfigError, match="experiment"):
+        validate(cfg)
+
+
+def test_missing_column_and_absent_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"domains\.math\.dataset\.columns\.answer.*'solution'"):
+        load_domain_rows("math", {"path": "bundled:math.jsonl", "columns": {"prompt": "question", "answer": "solution"}})
+    with pytest.raises(ConfigError, match=r"domains\.math\.dataset\.path.*not found"):
+        load_domain_rows("math", {"path": str(tmp_path / "nope.jsonl"), "columns": {"prompt": "q"}})
+    # A field a reward needs (here `answer`) but not mapped falls back to a same-named column, and must exist.
+    f = tmp_path / "rows.jsonl"
+    f.write_text(json.dumps({"question": "1+1?"}) + "\n")
+    with pytest.raises(ConfigError, match=r"domains\.math\.dataset\.columns\.answer"):
+        load_domain_rows("math", {"path": str(f), "columns": {"prompt": "question"}}, required={"answer"})
+
+
+def test_cli_rejects_bad_config_before_starting_anything():
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.train", "+experiment=mixed_rl", "domains.math.kl_coef=-1",
+         "logger.mode=disabled", "run_dir=/tmp/mixrl-bad-config"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "domains.math.kl_coef" in proc.stderr + proc.stdout
+
+
+def _mixture(tok, seed=1, weights=(3.0, 1.0)):
+    domains = {
+        "math": {"weight": weights[0], "dataset": {"path": "bundled:math.jsonl", "columns": {"prompt": "question", "answer": "answer"}}},
+        "more": {"weight": weights[1], "dataset": {"path": "bundled:math.jsonl", "columns": {"prompt": "question"}, "system_prompt": "Be brief."}},
+    }
+    return PromptMixture(domains, tok, seed=seed, max_prompt_tokens=512)
+
+
+def test_mixture_is_deterministic_weighted_and_resumable(tiny_dense_path):
+    tok = load_tokenizer(tiny_dense_path)
+    a, b = _mixture(tok), _mixture(tok)
+    first = [a.next_batch(8) for _ in range(3)]
+    assert [[p["index"] for p in s] for s in first] == [[p["index"] for p in b.next_batch(8)] for _ in range(3)]
+    state = json.loads(json.dumps(a.state_dict()))
+    upcoming = [a.next_batch(8) for _ in range(2)]
+    c = _mixture(tok)
+    c.load_state_dict(state)
+    assert [[(p["domain"], p["index"]) for p in s] for s in upcoming] == [
+        [(p["domain"], p["index"]) for p in c.next_batch(8)] for _ in range(2)
+    ]
+    many = [p["domain"] for _ in range(50) for p in a.next_batch(8)]
+    assert 0.65 < many.count("math") / len(many) < 0.85  # weight 3:1
+    p = c.next_batch(1)[0]
+    assert p["prompt_ids"] == tok(p["prompt_text"], add_special_tokens=False)["input_ids"]
+
+
+def test_mixture_epochs_cover_every_row_once(tiny_dense_path):
+    tok = load_tokenizer(tiny_dense_path)
+    m = PromptMixture(
+        {"math": {"weight": 1.0, "dataset": {"path": "bundled:math.jsonl", "columns": {"prompt": "question"}}}},
+        tok, seed=5, max_prompt_tokens=512,
+    )
+    seen = [p["index"] for _ in range(30) for p in m.next_batch(10)]
+    assert sorted(seen) == list(range(300))
+
+
+def test_long_prompts_are_skipped(tiny_dense_path):
+    tok = load_tokenizer(tiny_dense_path)
+    m = PromptMixture(
+        {"math": {"weight": 1.0, "dataset": {"path": "bundled:math.jsonl", "columns": {"prompt": "question"}}}},
+        tok, seed=5, max_prompt_tokens=30,
+    )
+    batch = m.next_batch(20)
+    assert all(len(p["prompt_ids"]) <= 30 for p in batch) and m.skipped_too_long > 0
+    with pytest.raises(ConfigError, match="max_prompt_tokens"):
+        PromptMixture(
+            {"math": {"weight": 1.0, "dataset": {"path": "bundled:math.jsonl", "columns": {"prompt": "question"}}}},
+            tok, seed=5, max_prompt_tokens=3,
+        ).next_batch(1)

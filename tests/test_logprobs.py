@@ -1,0 +1,141 @@
+"""Chunked, masked token logprobs (rl/logprobs.py) against direct float64 references."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rl.logprobs import token_logprobs, token_logprobs_from_logits
+
+D = torch.float64
+
+
+def _inputs(N=37, H=8, V=50, seed=0, dtype=D, bias=False):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(N, H, generator=g, dtype=dtype).requires_grad_()
+    weight = torch.randn(V, H, generator=g, dtype=dtype).requires_grad_()
+    b = torch.randn(V, generator=g, dtype=dtype).requires_grad_() if bias else None
+    targets = torch.randint(0, V, (N,), generator=g)
+    # Kept sets of varying size, including empty ones and some that already contain the target.
+    sets = []
+    for j in range(N):
+        k = int(torch.randint(0, 7, (1,), generator=g))
+        ids = torch.randperm(V, generator=g)[:k].tolist()
+        if j % 3 == 0 and k > 0:
+            ids[0] = int(targets[j])
+        sets.append(sorted(set(ids)))
+    if N > 1:
+        sets[1] = []  # at least one empty set
+    mask_ids = torch.tensor([i for s in sets for i in s], dtype=torch.int32)
+    mask_offsets = torch.tensor(np.concatenate([[0], np.cumsum([len(s) for s in sets])]), dtype=torch.long)
+    return hidden, weight, b, targets, sets, mask_ids, mask_offsets
+
+
+def _loop_reference(hidden, weight, bias, targets, sets, temperature):
+    """Python loop over positions, float64 math.log/exp; sets=None means the full vocabulary."""
+    h, w = hidden.detach().double().numpy(), weight.detach().double().numpy()
+    z = h @ w.T + (bias.detach().double().numpy() if bias is not None else 0.0)
+    z = z / temperature
+    logp, ent = [], []
+    for j in range(len(targets)):
+        tgt = int(targets[j])
+        ids = list(range(z.shape[1])) if sets is None else sorted(set(sets[j]) | {tgt})
+        m = max(z[j, i] for i in ids)
+        lse = m + math.log(sum(math.exp(z[j, i] - m) for i in ids))
+        logp.append(z[j, tgt] - lse)
+        ent.append(-sum(math.exp(z[j, i] - lse) * (z[j, i] - lse) for i in ids))
+    return np.array(logp), np.array(ent)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("chunk_size", [1, 5, 16, 37, 1000])
+def test_values_against_loop(masked, chunk_size):
+    hidden, weight, _, targets, sets, mask_ids, mask_offsets = _inputs()
+    kw = dict(mask_ids=mask_ids, mask_offsets=mask_offsets) if masked else {}
+    logp, ent = token_logprobs(hidden, weight, targets, temperature=0.7, chunk_size=chunk_size, with_entropy=True, **kw)
+    want_logp, want_ent = _loop_reference(hidden, weight, None, targets, sets if masked else None, 0.7)
+    assert logp.dtype == D and ent.dtype == D and not ent.requires_grad
+    np.testing.assert_allclose(logp.detach().numpy(), want_logp, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ent.numpy(), want_ent, rtol=1e-10, atol=1e-12)
+    if masked:
+        assert logp[1].item() == 0.0 and ent[1].item() == 0.0  # empty kept set: only the target remains
+
+
+def test_masked_differs_from_full_and_temperature_matters():
+    hidden, weight, _, targets, _, mask_ids, mask_offsets = _inputs()
+    full, _ = token_logprobs(hidden, weight, targets)
+    masked, _ = token_logprobs(hidden, weight, targets, mask_ids=mask_ids, mask_offsets=mask_offsets)
+    hot, _ = token_logprobs(hidden, weight, targets, temperature=2.0)
+    assert (masked >= full - 1e-12).all() and (masked > full + 1e-6).any()  # renormalising over fewer ids
+    assert not torch.allclose(hot, full)
+
+
+def test_bias_and_from_logits_helper():
+    hidden, weight, bias, targets, sets, mask_ids, mask_offsets = _inputs(bias=True)
+    logp, ent = token_logprobs(
+        hidden, weight, targets, lm_bias=bias, temperature=1.3, mask_ids=mask_ids, mask_offsets=mask_offsets,
+        chunk_size=6, with_entropy=True,
+    )
+    logits = (hidden @ weight.T + bias) / 1.3
+    ref_logp, ref_ent = token_logprobs_from_logits(logits, targets, mask_ids=mask_ids, mask_offsets=mask_offsets)
+    want_logp, want_ent = _loop_reference(hidden, weight, bias, targets, sets, 1.3)
+    np.testing.assert_allclose(ref_logp.detach().numpy(), want_logp, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ref_ent.numpy(), want_ent, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(logp, ref_logp, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gradients_match_naive(masked, with_bias):
+    hidden, weight, bias, targets, _, mask_ids, mask_offsets = _inputs(bias=with_bias)
+    kw = dict(mask_ids=mask_ids, mask_offsets=mask_offsets) if masked else {}
+    coeff = torch.randn(hidden.shape[0], generator=torch.Generator().manual_seed(5), dtype=D)
+    logp, _ = token_logprobs(hidden, weight, targets, lm_bias=bias, temperature=0.8, chunk_size=7, **kw)
+    params = [hidden, weight] + ([bias] if with_bias else [])
+    got = torch.autograd.grad((coeff * logp).sum(), params)
+    logits = hidden @ weight.T + (bias if with_bias else 0.0)
+    naive, _ = token_logprobs_from_logits(logits / 0.8, targets, **kw)
+    want = torch.autograd.grad((coeff * naive).sum(), params)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_gradcheck_masked():
+    hidden, weight, bias, targets, _, mask_ids, mask_offsets = _inputs(N=9, H=3, V=11, bias=True)
+    fn = lambda h, w, b: token_logprobs(  # noqa: E731
+        h, w, targets, lm_bias=b, temperature=0.9, mask_ids=mask_ids, mask_offsets=mask_offsets, chunk_size=4
+    )[0]
+    assert torch.autograd.gradcheck(fn, (hidden, weight, bias))
+
+
+def test_empty_input():
+    hidden, weight, _, _, _, _, _ = _inputs(N=0)
+    targets = torch.zeros(0, dtype=torch.long)
+    logp, ent = token_logprobs(hidden, weight, targets, with_entropy=True)
+    assert logp.shape == (0,) and ent.shape == (0,)
+    empty_ids, empty_offsets = torch.zeros(0, dtype=torch.int32), torch.zeros(1, dtype=torch.long)
+    logp_m, _ = token_logprobs(hidden, weight, targets, mask_ids=empty_ids, mask_offsets=empty_offsets)
+    assert logp_m.shape == (0,)
+    gh, gw = torch.autograd.grad(logp.sum() + logp_m.sum(), (hidden, weight))
+    assert gh.shape == hidden.shape and (gw == 0).all()
+
+
+def test_low_precision_inputs_give_float32_close_to_float64():
+    hidden, weight, _, targets, _, mask_ids, mask_offsets = _inputs(N=20, H=16, V=64)
+    kw = dict(mask_ids=mask_ids, mask_offsets=mask_offsets, chunk_size=8)
+    ref, _ = token_logprobs(hidden, weight, targets, **kw)
+    h16, w16 = hidden.detach().bfloat16().requires_grad_(), weight.detach().bfloat16().requires_grad_()
+    logp, _ = token_logprobs(h16, w16, targets, **kw)
+    assert logp.dtype == torch.float32
+    torch.testing.assert_close(logp.double(), ref.detach(), rtol=0, atol=0.3)
+    gh, gw = torch.autograd.grad(logp.sum(), (h16, w16))
+    assert gh.dtype == torch.bfloat16 and gw.dtype == torch.bfloat16 and torch.isfinite(gw.float()).all()
+
+
+def test_bad_mask_arguments():
+    hidden, weight, _, targets, _, mask_ids, mask_offsets = _inputs()
+    with pytest.raises(ValueError):
+        token_logprobs(hidden, weight, targets, mask_ids=mask_ids)
+    with pytest.raises(ValueError):
+        token_logprobs(hidden, weight, targets, mask_ids=mask_ids, mask_offsets=mask_offsets[:-1])

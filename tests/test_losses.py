@@ -1,0 +1,303 @@
+"""float64 checks of rl/losses.py against formulas written out directly (loops / numpy)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rl.losses import (
+    aggregate,
+    clipped_pg_loss,
+    grpo_advantages,
+    grpo_loss,
+    k3_kl,
+    opsm_keep,
+    seq_mean,
+    unbiased_k3_kl,
+)
+
+D = torch.float64
+
+
+def t(x, dtype=D):
+    return torch.tensor(x, dtype=dtype)
+
+
+# ---------------------------------------------------------------- advantages
+
+
+def test_grpo_advantages_mean_and_std():
+    rewards = [1.0, 0.0, 0.5, 2.0, 3.0, 7.0]
+    groups = [5, 5, 5, 9, 9, 42]  # arbitrary ids, last group has one sample
+    adv = grpo_advantages(t(rewards), torch.tensor(groups))
+    adv_std = grpo_advantages(t(rewards), torch.tensor(groups), normalize_std=True, eps=1e-6)
+    for i, (r, g) in enumerate(zip(rewards, groups)):
+        members = np.array([rr for rr, gg in zip(rewards, groups) if gg == g])
+        assert adv[i].item() == pytest.approx(r - members.mean(), abs=1e-12)
+        assert adv_std[i].item() == pytest.approx((r - members.mean()) / (members.std() + 1e-6), abs=1e-12)
+    assert adv[5].item() == 0.0 and adv_std[5].item() == 0.0  # group of one
+
+
+def test_grpo_advantages_constant_group_is_zero():
+    adv = grpo_advantages(t([1.0, 1.0, 1.0, 0.0]), torch.tensor([0, 0, 0, 1]), normalize_std=True)
+    assert torch.equal(adv, torch.zeros(4, dtype=D))
+
+
+# ---------------------------------------------------------------- KL estimators
+
+
+def test_k3_matches_formula_and_nonnegative():
+    logp = t([-0.1, -2.0, -5.0, -0.7, -3.3])
+    ref = t([-0.3, -1.0, -5.0, -4.0, -0.2])
+    got = k3_kl(logp, ref)
+    want = [math.exp(r - lp) - (r - lp) - 1 for lp, r in zip(logp.tolist(), ref.tolist())]
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-15)
+    assert (got >= 0).all() and got[2] == 0
+
+
+def test_unbiased_k3_matches_formula_and_ratio_has_gradient():
+    logp = t([-0.1, -2.0, -0.7]).requires_grad_()
+    ref, old = t([-0.3, -1.0, -4.0]), t([-0.2, -2.5, -0.6])
+    got = unbiased_k3_kl(logp, ref, old)
+    want = [
+        math.exp(lp - o) * (math.exp(r - lp) - (r - lp) - 1)
+        for lp, r, o in zip(logp.tolist(), ref.tolist(), old.tolist())
+    ]
+    np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-12)
+    # d/dlogp [e^{lp-o} (e^{r-lp} - r + lp - 1)] = e^{lp-o} (e^{r-lp} - r + lp - 1) + e^{lp-o} (1 - e^{r-lp})
+    (g,) = torch.autograd.grad(got.sum(), logp)
+    want_g = [
+        math.exp(lp - o) * (math.exp(r - lp) - (r - lp) - 1) + math.exp(lp - o) * (1 - math.exp(r - lp))
+        for lp, r, o in zip(logp.tolist(), ref.tolist(), old.tolist())
+    ]
+    np.testing.assert_allclose(g.numpy(), want_g, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kl_very_negative_logprobs_are_finite(dtype):
+    logp = torch.tensor([-1e4, -1.0, -1e4, -0.5], dtype=dtype, requires_grad=True)
+    ref = torch.tensor([-1.0, -1e4, -1e4, -1e4], dtype=dtype)
+    old = torch.tensor([-1.0, -1e4, -1.0, -0.5], dtype=dtype)
+    for val in (k3_kl(logp, ref), unbiased_k3_kl(logp, ref, old)):
+        (g,) = torch.autograd.grad(val.sum(), logp)
+        assert torch.isfinite(val).all() and torch.isfinite(g).all()
+
+
+# ---------------------------------------------------------------- clipped PG
+
+
+def test_clipped_pg_asymmetric_clip():
+    eps_low, eps_high = 0.2, 0.28
+    ratios = [0.5, 0.9, 1.25, 1.5, 0.5, 0.9, 1.25, 1.5]
+    advs = [1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0]
+    logp = t([math.log(r) for r in ratios]).requires_grad_()
+    old = torch.zeros(8, dtype=D)
+    loss, clipped = clipped_pg_loss(logp, old, t(advs), eps_low, eps_high)
+    for i, (r, a) in enumerate(zip(ratios, advs)):
+        rc = min(max(r, 1 - eps_low), 1 + eps_high)
+        assert loss[i].item() == pytest.approx(-min(r * a, rc * a), abs=1e-12)
+        assert clipped[i].item() == float(rc * a < r * a)
+    # A>0 clips only above 1+eps_high (1.25 < 1.28 is not clipped, 1.5 is); A<0 only below 1-eps_low.
+    assert clipped.tolist() == [0, 0, 0, 1, 1, 0, 0, 0]
+    (g,) = torch.autograd.grad(loss.sum(), logp)
+    assert (g[clipped.bool()] == 0).all() and (g[~clipped.bool()] != 0).all()
+
+
+def test_clipped_pg_huge_logratio_finite():
+    logp = t([-1e4, 0.0]).requires_grad_()
+    loss, _ = clipped_pg_loss(logp, t([0.0, -1e4]), t([1.0, -1.0]), 0.2, 0.2)
+    (g,) = torch.autograd.grad(loss.sum(), logp)
+    assert torch.isfinite(loss).all() and torch.isfinite(g).all()
+
+
+# ---------------------------------------------------------------- seq_mean / OPSM
+
+
+def test_seq_mean_with_empty_and_all_masked_rows():
+    # sample 1 has no tokens at all, sample 2 has tokens but all masked
+    seq = torch.tensor([0, 0, 0, 2, 2, 3])
+    x = t([1.0, 2.0, 4.0, 100.0, 200.0, 5.0]).requires_grad_()
+    mask = t([1, 0, 1, 0, 0, 1])
+    out = seq_mean(x, seq, mask, 4)
+    assert out.tolist() == [2.5, 0.0, 0.0, 5.0]
+    (g,) = torch.autograd.grad(out.sum(), x)
+    assert g.tolist() == [0.5, 0.0, 0.5, 0.0, 0.0, 1.0]
+
+
+def _opsm_ref(adv, logp, old, seq, mask, delta):
+    keep = []
+    for i in range(len(adv)):
+        toks = [j for j in range(len(seq)) if seq[j] == i and mask[j] > 0]
+        if not toks:
+            keep.append(True)
+            continue
+        drift = sum(old[j] - logp[j] for j in toks) / len(toks)
+        keep.append(not (adv[i] < 0 and drift > delta[i]))
+    return keep
+
+
+def test_opsm_against_loop_and_edges():
+    g = torch.Generator().manual_seed(0)
+    B, N = 12, 80
+    seq = torch.sort(torch.randint(0, B - 1, (N,), generator=g)).values  # sample B-1 is empty
+    logp = -torch.rand(N, generator=g, dtype=D) * 3
+    old = -torch.rand(N, generator=g, dtype=D) * 3
+    mask = (torch.rand(N, generator=g) > 0.2).to(D)
+    adv = torch.randn(B, generator=g, dtype=D)
+    delta = torch.rand(B, generator=g, dtype=D) * 0.5 - 0.25
+    delta[3] = float("inf")
+    keep = opsm_keep(adv, logp, old, seq, mask, delta)
+    assert keep.dtype == torch.bool
+    args = (adv, logp, old, seq, mask, delta)
+    assert keep.tolist() == _opsm_ref(*(a.tolist() for a in args))
+    assert keep[adv >= 0].all() and keep[B - 1] and keep[3]
+    assert not keep.all()  # the test data does mask something
+
+
+def test_opsm_positive_advantage_never_masked_and_inf_never_masks():
+    seq = torch.tensor([0, 0, 1, 1])
+    logp, old = t([-50.0, -50.0, -50.0, -50.0]), t([-0.1, -0.1, -0.1, -0.1])  # drift ~ 50
+    assert opsm_keep(t([1.0, 0.0]), logp, old, seq, torch.ones(4, dtype=D), t([0.0, 0.0])).all()
+    inf = float("inf")
+    assert opsm_keep(t([-1.0, -1.0]), logp, old, seq, torch.ones(4, dtype=D), t([inf, inf])).all()
+    assert not opsm_keep(t([-1.0, -1.0]), logp, old, seq, torch.ones(4, dtype=D), t([1.0, 1.0])).any()
+
+
+def test_opsm_exact_threshold_is_strict():
+    # drift = mean(old - logp) = 0.5 exactly (binary-exact numbers); masked only when drift > delta.
+    seq = torch.tensor([0, 0, 1, 1, 2, 2])
+    logp, old = t([-1.0, -2.0] * 3), t([-0.5, -1.5] * 3)
+    keep = opsm_keep(t([-1.0] * 3), logp, old, seq, torch.ones(6, dtype=D), t([0.5, 0.4999999, 0.5000001]))
+    assert keep.tolist() == [True, False, True]
+
+
+def test_opsm_ignores_masked_tokens_in_the_mean():
+    seq = torch.tensor([0, 0])
+    logp, old = t([-1.0, -100.0]), t([-1.0, -0.1])  # only the unmasked token counts: drift = 0
+    assert opsm_keep(t([-1.0]), logp, old, seq, t([1.0, 0.0]), t([0.1])).all()
+
+
+# ---------------------------------------------------------------- full loss
+
+
+def _grpo_loss_ref(logp, old, ref, seq, mask, adv, beta, delta, eps_low, eps_high, unbiased, aggregation, G, T):
+    """Direct transcription of the objective with Python loops."""
+    B = len(adv)
+    keep = _opsm_ref(adv, logp, old, seq, mask, delta)
+    total = 0.0
+    per_seq = [[] for _ in range(B)]
+    for j in range(len(seq)):
+        i = seq[j]
+        r = math.exp(logp[j] - old[j])
+        rc = min(max(r, 1 - eps_low), 1 + eps_high)
+        pg = -min(r * adv[i], rc * adv[i]) * (1.0 if keep[i] else 0.0)
+        if ref is None:
+            kl = 0.0
+        else:
+            d = ref[j] - logp[j]
+            kl = math.exp(d) - d - 1
+            if unbiased:
+                kl *= r
+        per_seq[i].append((pg + beta[i] * kl) * mask[j])
+        total += (pg + beta[i] * kl) * mask[j]
+    if aggregation == "token_mean":
+        return total / T
+    out = 0.0
+    for i in range(B):
+        n = sum(mask[j] for j in range(len(seq)) if seq[j] == i)
+        s = sum(per_seq[i])
+        out += (s / n if n > 0 else 0.0) if aggregation == "seq_mean_token_mean" else s
+    return out / G
+
+
+def _random_batch(seed, B=6, N=60):
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.sort(torch.randint(0, B - 1, (N,), generator=g)).values  # last sample empty
+    mask = (torch.rand(N, generator=g) > 0.25).to(D)
+    mask[seq == 0] = 0.0  # sample 0: tokens, all masked
+    old = -torch.rand(N, generator=g, dtype=D) * 2
+    logp = (old + 0.3 * torch.randn(N, generator=g, dtype=D)).clamp(max=0).requires_grad_()
+    ref = -torch.rand(N, generator=g, dtype=D) * 2
+    adv = torch.randn(B, generator=g, dtype=D)
+    adv[1] = -abs(adv[1])
+    beta = torch.rand(B, generator=g, dtype=D) * 0.1
+    delta = torch.full((B,), float("inf"), dtype=D)
+    delta[1] = -1.0  # forces OPSM on sample 1 (negative advantage, drift > -1)
+    return logp, old, ref, seq, mask, adv, beta, delta
+
+
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"])
+@pytest.mark.parametrize("unbiased", [True, False])
+def test_grpo_loss_against_loop(aggregation, unbiased):
+    logp, old, ref, seq, mask, adv, beta, delta = _random_batch(1)
+    G, T = 16, 200  # mini-batch totals, larger than this micro-batch
+    kw = dict(eps_low=0.2, eps_high=0.28, unbiased_kl=unbiased, aggregation=aggregation, norm_seqs=G, norm_tokens=T)
+    loss, stats = grpo_loss(logp, old, ref, seq, mask, adv, beta, delta, **kw)
+    want = _grpo_loss_ref(
+        logp.tolist(), old.tolist(), ref.tolist(), seq.tolist(), mask.tolist(), adv.tolist(), beta.tolist(),
+        delta.tolist(), 0.2, 0.28, unbiased, aggregation, G, T,
+    )
+    assert loss.item() == pytest.approx(want, rel=1e-12, abs=1e-14)
+    assert (stats["pg_loss"] + stats["kl_loss"]).item() == pytest.approx(loss.item(), rel=1e-12, abs=1e-14)
+    assert not stats["opsm_keep"][1] and stats["opsm_keep"][0] and stats["opsm_keep"][-1]
+    assert stats["tok_sum"].item() == mask.sum().item()
+    assert stats["kl_seq"].shape == (6,) and stats["kl_seq"][-1] == 0 and stats["kl_seq"][0] == 0
+    assert all(not v.requires_grad for v in stats.values())
+    (g,) = torch.autograd.grad(loss, logp)
+    assert torch.isfinite(g).all() and (g[mask == 0] == 0).all()
+
+
+def test_grpo_loss_opsm_masks_pg_not_kl():
+    # one sequence, negative advantage, strongly off-policy -> PG dropped, KL gradient remains
+    seq = torch.zeros(3, dtype=torch.long)
+    logp = t([-3.0, -3.0, -3.0]).requires_grad_()
+    old, ref = t([-0.1, -0.1, -0.1]), t([-1.0, -1.0, -1.0])
+    kw = dict(eps_low=0.2, eps_high=0.2, norm_seqs=1, norm_tokens=3)
+    loss, stats = grpo_loss(logp, old, ref, seq, torch.ones(3, dtype=D), t([-1.0]), t([0.0]), t([0.5]), **kw)
+    assert not stats["opsm_keep"][0] and stats["pg_loss"].item() == 0 and loss.item() == 0
+    loss, stats = grpo_loss(logp, old, ref, seq, torch.ones(3, dtype=D), t([-1.0]), t([0.5]), t([0.5]), **kw)
+    want = 0.5 * unbiased_k3_kl(logp, ref, old).mean()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-12)
+
+
+def test_grpo_loss_without_ref():
+    logp, old, _, seq, mask, adv, _, delta = _random_batch(2)
+    kw = dict(eps_low=0.2, eps_high=0.2, norm_seqs=6, norm_tokens=60)
+    zeros = torch.zeros(6, dtype=D)
+    loss, stats = grpo_loss(logp, old, None, seq, mask, adv, zeros, delta, **kw)
+    assert stats["kl_loss"].item() == 0 and loss.item() == pytest.approx(stats["pg_loss"].item())
+    with pytest.raises(ValueError):
+        grpo_loss(logp, old, None, seq, mask, adv, zeros + 0.1, delta, **kw)
+
+
+def test_micro_batch_losses_sum_to_mini_batch_loss():
+    logp, old, ref, seq, mask, adv, beta, delta = _random_batch(3, B=8, N=90)
+    for aggregation in ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum"):
+        kw = dict(eps_low=0.2, eps_high=0.3, aggregation=aggregation, norm_seqs=8, norm_tokens=int(mask.sum()))
+        full, _ = grpo_loss(logp, old, ref, seq, mask, adv, beta, delta, **kw)
+        parts = 0.0
+        for lo, hi in ((0, 3), (3, 8)):
+            sel = (seq >= lo) & (seq < hi)
+            sl = slice(lo, hi)
+            part, _ = grpo_loss(
+                logp[sel], old[sel], ref[sel], seq[sel] - lo, mask[sel], adv[sl], beta[sl], delta[sl], **kw
+            )
+            parts = parts + part
+        assert parts.item() == pytest.approx(full.item(), rel=1e-12)
+
+
+def test_all_masked_and_empty_batch_is_zero_and_finite():
+    logp = t([-1e4, -2.0]).requires_grad_()
+    seq = torch.tensor([0, 0])
+    kw = dict(eps_low=0.2, eps_high=0.2, norm_seqs=2, norm_tokens=1)
+    loss, stats = grpo_loss(
+        logp, t([-1.0, -1.0]), t([-1e4, -1.0]), seq, t([0.0, 0.0]), t([1.0, -1.0]), t([0.1, 0.1]), t([0.0, 0.0]), **kw
+    )
+    (g,) = torch.autograd.grad(loss, logp)
+    assert loss.item() == 0 and (g == 0).all() and stats["tok_sum"] == 0
+
+
+def test_aggregate_rejects_unknown_mode():
+    with pytest.raises(ValueError):
+        aggregate(t([1.0]), torch.tensor([0]), t([1.0]), 1, "sum", 1, 1)

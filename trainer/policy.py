@@ -1,0 +1,270 @@
+"""`PolicyTrainer`: one Ray actor per data-parallel rank, each owning a DeepSpeed ZeRO engine.
+
+The driver hands every rank its share of each mini-batch; a rank runs micro-batches (gradient accumulation) and
+one optimizer step per mini-batch, so `trainer.mini_batches` > 1 gives several updates per rollout batch. The
+loss of a micro-batch is already normalised by the mini-batch's global sequence/token counts (see
+`rl.losses.grpo_loss`), so it is multiplied by the world size to undo DeepSpeed's gradient averaging and
+backpropagated without DeepSpeed's 1/GAS scaling.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rl.losses import grpo_loss
+from rl.models import load_causal_lm, load_tokenizer, torch_dtype
+from rl.trajectory import Trajectory, collate
+from trainer.forward import attach_logprob_head, forward_logprobs, register_logprob_head_zero3, route_replay
+
+
+def pick_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def init_process_group_env(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> None:
+    """DeepSpeed reads these even for one process (otherwise it goes looking for mpi4py)."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK="0",  # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+    )
+    if device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        # The shared-memory comm op JIT-compiles for minutes on first use; gloo is enough for us.
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
+def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int) -> dict:
+    zero = {"stage": int(tcfg["zero_stage"])}
+    if zero["stage"] == 3:
+        # Without this tiny models keep every parameter whole on each rank.
+        zero.update(stage3_param_persistence_threshold=0, stage3_gather_16bit_weights_on_model_save=True)
+    config = {
+        "train_micro_batch_size_per_gpu": int(tcfg["micro_batch_size"]),
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": int(tcfg["micro_batch_size"]) * grad_accum * world_size,
+        "gradient_clipping": float(tcfg["grad_clip"]),
+        "zero_optimization": zero,
+        "bf16": {"enabled": dtype == "bfloat16"},
+        "fp16": {"enabled": dtype == "float16"},
+        # torch's AdamW: DeepSpeed's fused/CPU Adam would JIT-compile for minutes (and failed on the GPU image).
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": float(tcfg["lr"]),
+                "betas": list(tcfg["betas"]),
+                "weight_decay": float(tcfg["weight_decay"]),
+                "eps": 1e-8,
+                "torch_adam": True,
+            },
+        },
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if int(tcfg["warmup_steps"]) > 0:  # otherwise a constant LR (DeepSpeed's WarmupLR would start at 0)
+        config["scheduler"] = {
+            "type": "WarmupLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": float(tcfg["lr"]),
+                "warmup_num_steps": int(tcfg["warmup_steps"]),
+                "warmup_type": "linear",
+            },
+        }
+    return config
+
+
+class PolicyTrainer:
+    def __init__(self, cfg: dict, model_path: str, rank: int, world_size: int, master_addr: str, master_port: int):
+        tcfg, acfg = cfg["trainer"], cfg["algorithm"]
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.device = pick_device(tcfg["device"])
+        if tcfg.get("threads"):
+            torch.set_num_threads(int(tcfg["threads"]))
+        torch.manual_seed(int(cfg["seed"]) + rank)
+        init_process_group_env(rank, world_size, master_addr, master_port, self.device)
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo" if self.device == "cpu" else "nccl")
+        self.tokenizer = load_tokenizer(model_path)
+        model = load_causal_lm(model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"))
+        self.keep_routing = bool(acfg["keep_routing"])
+        if self.keep_routing:
+            from rl.routing import moe_layers
+
+            moe_layers(model)  # raises UnsupportedMoEError now rather than mid-run
+        if tcfg["gradient_checkpointing"]:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        attach_logprob_head(model)
+        self.grad_accum = micro_batches_per_minibatch(cfg, world_size)
+        ds_cfg = deepspeed_config(tcfg, cfg["model"]["dtype"], self.grad_accum, world_size)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_cfg
+        )
+        self.zero_stage = int(tcfg["zero_stage"])
+        if self.zero_stage == 3:
+            register_logprob_head_zero3(self.engine.module)
+
+    def ready(self) -> int:
+        return self.rank
+
+    # -- one rollout batch ------------------------------------------------------------------------------------
+    def train_step(self, minibatches: list[list[Trajectory]], norms: list[tuple[int, int]]) -> dict:
+        """Run every mini-batch (this rank's share) with one optimizer step each; return metric sums."""
+        acfg, tcfg = self.cfg["algorithm"], self.cfg["trainer"]
+        sums: dict[str, float] = defaultdict(float)
+        self.engine.train()
+        for mb_index, (trajs, (norm_seqs, norm_tokens)) in enumerate(zip(minibatches, norms)):
+            micro = split_micro(trajs, self.grad_accum)
+            if len(micro) != self.grad_accum:  # DeepSpeed steps the optimizer every grad_accum micro-steps
+                raise ValueError(f"rank {self.rank}: mini-batch of {len(trajs)} gives {len(micro)} micro-batches, expected {self.grad_accum}")
+            for chunk in micro:
+                batch = collate(chunk, self.tokenizer.pad_token_id).to(self.engine.device)
+                with route_replay(self.engine.module, batch, self.keep_routing) as replay:
+                    out = forward_logprobs(
+                        self.engine.module,
+                        batch,
+                        temperature=float(self.cfg["rollout"]["temperature"]) or 1.0,
+                        keep_sampling_mask=bool(acfg["keep_sampling_mask"]),
+                        chunk_size=int(tcfg["logprob_chunk_size"]),
+                        with_entropy=True,
+                    )
+                    loss, stats = grpo_loss(
+                        out.logprobs,
+                        batch.old_logprobs,
+                        batch.ref_logprobs,
+                        batch.seq_index,
+                        batch.loss_mask,
+                        batch.advantages,
+                        batch.kl_coef,
+                        batch.opsm_delta,
+                        eps_low=float(acfg["clip_eps_low"]),
+                        eps_high=float(acfg["clip_eps_high"]),
+                        unbiased_kl=bool(acfg["unbiased_kl"]),
+                        aggregation=str(acfg["loss_aggregation"]),
+                        norm_seqs=norm_seqs,
+                        norm_tokens=norm_tokens,
+                    )
+                    self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+                self.engine.step()
+                routing = (int(replay.mismatch_count), int(replay.total_count))
+                accumulate_stats(sums, batch, out, stats, routing, first_minibatch=mb_index == 0)
+            sums["grad_norm"] += float(self.engine.get_global_grad_norm() or 0.0)
+            sums["optimizer_steps"] += 1
+        sums["lr"] = float(self.engine.get_lr()[0])
+        return dict(sums)
+
+    # -- weights out ---------------------------------------------------------------------------------------
+    def full_state_dict(self, dtype: str | None = None) -> dict[str, torch.Tensor] | None:
+        """Whole weights on rank 0 (None elsewhere); a collective under ZeRO-3, so call it on every rank."""
+        module = self.engine.module
+        cast = torch_dtype(dtype) if dtype else None
+        out = {}
+        if self.zero_stage == 3:
+            import deepspeed
+
+            for name, p in module.named_parameters():
+                with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
+                    if self.rank == 0:
+                        out[name] = p.detach().to("cpu", cast or p.dtype).clone()
+            # Buffers (rotary tables...) never change in training; the receiver keeps its own.
+        elif self.rank == 0:
+            out = {k: v.detach().to("cpu", cast or v.dtype).clone() for k, v in module.state_dict().items()}
+        return out if self.rank == 0 else None
+
+    # -- GPU weight sync to vLLM rollout workers (trainer/weight_sync.py) ---------------------------------------
+    def weight_sync_address(self) -> tuple[str, int]:
+        from trainer.weight_sync import local_address
+
+        return local_address()
+
+    def init_weight_sync(self, backend: str, master_address: str | None = None, master_port: int | None = None,
+                         world_size: int | None = None) -> None:
+        """backend ipc (colocated) | nccl (split; rank 0 joins the vLLM workers' group)."""
+        from trainer.weight_sync import WeightSender
+
+        rcfg = self.cfg["rollout"]
+        self.weight_sender = WeightSender(
+            backend, self.rank, self.zero_stage, torch_dtype(self.cfg["model"]["dtype"]),
+            bucket_mb=float(rcfg.get("weight_sync_bucket_mb", 512)), packed=bool(rcfg.get("weight_sync_packed", True)),
+        )
+        if backend == "nccl" and self.rank == 0:
+            self.weight_sender.init_nccl(master_address, master_port, world_size)
+
+    def send_weights(self, workers: list) -> dict:
+        """Stream the current weights to `workers` (RolloutWorker handles); on every rank (ZeRO-3 gathers)."""
+        return self.weight_sender.send(self.engine.module, workers)
+
+    # -- checkpoints ---------------------------------------------------------------------------------------
+    def save(self, ckpt_dir: str, client_state: dict) -> None:
+        """HF weights (rank 0) + DeepSpeed engine state (optimizer, scheduler; every rank)."""
+        path = Path(ckpt_dir)
+        state = self.full_state_dict()
+        if self.rank == 0:
+            self.engine.module.save_pretrained(path / "hf", state_dict=state)
+            self.tokenizer.save_pretrained(path / "hf")
+        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        self.engine.save_checkpoint(
+            str(path / "deepspeed"), tag="state", client_state={"mixrl": client_state, f"rng_rank{self.rank}": rng}
+        )
+
+    def load(self, ckpt_dir: str) -> dict:
+        _, client_state = self.engine.load_checkpoint(
+            str(Path(ckpt_dir) / "deepspeed"), tag="state", load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        rng = client_state.pop(f"rng_rank{self.rank}", None)
+        if rng is not None:
+            torch.set_rng_state(rng["torch"])
+            np.random.set_state(rng["numpy"])
+            random.setstate(rng["python"])
+        return client_state.get("mixrl", {})
+
+
+def micro_batches_per_minibatch(cfg: dict, world_size: int) -> int:
+    samples = int(cfg["data"]["prompts_per_step"]) * int(cfg["rollout"]["n_samples"])
+    per_rank = samples // int(cfg["trainer"]["mini_batches"]) // world_size
+    return max(1, -(-per_rank // int(cfg["trainer"]["micro_batch_size"])))
+
+
+def split_micro(trajs: list[Trajectory], n: int) -> list[list[Trajectory]]:
+    """Split into n contiguous micro-batches of near-equal size (fewer when there are fewer than n samples)."""
+    bounds = np.linspace(0, len(trajs), min(n, len(trajs)) + 1).round().astype(int)
+    return [trajs[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def accumulate_stats(sums: dict, batch, out, stats: dict, routing: tuple[int, int], first_minibatch: bool) -> None:
+    mask = batch.loss_mask
+    tokens = float(mask.sum())
+    sums["loss/pg"] += float(stats["pg_loss"])
+    sums["loss/kl"] += float(stats["kl_loss"])
+    sums["clip_tokens"] += float(stats["clip_tok_sum"])
+    sums["tokens"] += tokens
+    if out.entropy is not None:
+        sums["entropy_sum"] += float((out.entropy * mask).sum())
+    if first_minibatch:
+        # Same weights on both sides before the first update: the train/inference mismatch.
+        diff = (batch.old_logprobs - out.logprobs.detach()).abs()
+        sums["mismatch_abs_sum"] += float((diff * mask).sum())
+        sums["mismatch_tokens"] += tokens
+        sums["routing_mismatch"] += routing[0]
+        sums["routing_total"] += routing[1]
+    keep = stats["opsm_keep"]
+    has_ref = batch.kl_coef > 0
+    for i, domain in enumerate(batch.domains):
+        sums[f"seqs/{domain}"] += 1
+        sums[f"opsm_masked/{domain}"] += float(not bool(keep[i]))
+        if bool(has_ref[i]):
+            sums[f"kl_sum/{domain}"] += float(stats["kl_seq"][i])
+            sums[f"kl_seqs/{domain}"] += 1

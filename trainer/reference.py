@@ -1,0 +1,56 @@
+"""`ReferenceModel`: the frozen initial policy, used only for the KL term.
+
+The driver calls it only for samples whose domain has `kl_coef > 0`, and not at all when a batch has none.
+`algorithm.ref_keep_routing` (default false) decides whether the reference replays the policy's sampled MoE
+routes: off, pi_ref is the reference model's own distribution (its router picks its experts), which is what the
+KL penalty is meant to anchor to; on, pi_ref is evaluated under the policy's expert choices, which hides router
+drift from the KL and is only useful for comparison.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rl.models import load_causal_lm, load_tokenizer
+from rl.trajectory import Trajectory, collate
+from trainer.forward import forward_logprobs, route_replay
+from trainer.policy import pick_device
+
+
+class ReferenceModel:
+    def __init__(self, cfg: dict, model_path: str):
+        self.cfg = cfg
+        if cfg["trainer"].get("threads"):
+            torch.set_num_threads(int(cfg["trainer"]["threads"]))
+        self.device = pick_device(cfg["trainer"]["device"])
+        self.tokenizer = load_tokenizer(model_path)
+        self.model = load_causal_lm(
+            model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"), self.device
+        ).eval()
+        self.model.requires_grad_(False)
+
+    def ready(self) -> bool:
+        return True
+
+    @torch.no_grad()
+    def logprobs(self, trajs: list[Trajectory]) -> list[np.ndarray]:
+        acfg, tcfg = self.cfg["algorithm"], self.cfg["trainer"]
+        size = int(tcfg["micro_batch_size"])
+        out: list[np.ndarray] = []
+        for start in range(0, len(trajs), size):
+            chunk = trajs[start : start + size]
+            batch = collate(chunk, self.tokenizer.pad_token_id).to(self.device)
+            replay = bool(acfg["keep_routing"]) and bool(acfg["ref_keep_routing"])
+            with route_replay(self.model, batch, replay):
+                res = forward_logprobs(
+                    self.model,
+                    batch,
+                    temperature=float(self.cfg["rollout"]["temperature"]) or 1.0,
+                    keep_sampling_mask=bool(acfg["keep_sampling_mask"]),
+                    chunk_size=int(tcfg["logprob_chunk_size"]),
+                )
+            logp = res.logprobs.float().cpu().numpy()
+            bounds = np.cumsum([0] + [t.num_response_tokens for t in chunk])
+            out.extend(logp[a:b] for a, b in zip(bounds[:-1], bounds[1:]))
+        return out

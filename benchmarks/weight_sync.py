@@ -45,7 +45,8 @@ def main() -> None:
     gpus = torch.cuda.device_count()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_gpus=gpus, num_cpus=8, include_dashboard=False,
-             runtime_env={"env_vars": {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}})
+             runtime_env={"env_vars": {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0",
+                                                 "DS_ACCELERATOR": "cuda"}})
     tok = load_tokenizer(path)
     requests = [dict(group_id="g0", domain="math", prompt_ids=p, prompt_text="", sample={}) for p in chat_prompts(tok, 2)]
     rows = []

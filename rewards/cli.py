@@ -123,7 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("--config", help="plain YAML/JSON config instead of the Hydra conf/ tree")
     sc.add_argument("--tokenizer", help="tokenizer path/name to count response tokens (default: word count)")
     sc.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. rewards.code.wall_s=5")
-    args = ap.parse_args(argv)
+    # Overrides may come before or after the options; argparse leaves the late ones unrecognised.
+    args, extra = ap.parse_known_args(argv)
+    bad = [x for x in extra if x.startswith("-") or "=" not in x]
+    if bad:
+        ap.error(f"unrecognized arguments: {' '.join(bad)}")
+    args.overrides = list(args.overrides) + extra
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     cfg: dict[str, Any]

@@ -12,11 +12,14 @@ may hold threads and Ray state). Why the extra machinery:
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import logging
 import multiprocessing as mp
 import os
 import resource
+import sys
 import time
+import types
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -61,6 +64,21 @@ def _ping() -> int:
     return os.getpid()
 
 
+@contextlib.contextmanager
+def _main_module_hidden():
+    """multiprocessing re-imports the parent's `__main__` in every forkserver/spawn child. The main module here is
+    whatever started this process (a Ray worker script, pytest, a Hydra entry point without a main guard...):
+    re-running it in a reward worker is at best slow and at worst starts a second pool recursively. Pool tasks
+    are module-level functions of importable modules, so the workers never need `__main__`."""
+    real = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if real is not None:
+            sys.modules["__main__"] = real
+
+
 class KillablePool:
     def __init__(self, size: int, memory_mb: int = 0, warmup: Callable[[], None] | None = None,
                  start_timeout_s: float = 120.0):
@@ -81,7 +99,10 @@ class KillablePool:
             max_workers=self.size, mp_context=self._ctx, initializer=_init_worker, initargs=(self.memory_mb,)
         )
         # Start every worker now (the executor spawns lazily) so start-up time never counts against a task.
-        futures = [self._executor.submit(_ping) for _ in range(self.size)]
+        # Workers are only ever created here (they are not replaced one by one), so hiding the caller's main
+        # module for these submits is enough to keep it from being re-imported in every worker.
+        with _main_module_hidden():
+            futures = [self._executor.submit(_ping) for _ in range(self.size)]
         if self.warmup is not None:
             futures += [self._executor.submit(_run_task, self.warmup, ()) for _ in range(self.size)]
         done, not_done = cf.wait(futures, timeout=self.start_timeout_s)

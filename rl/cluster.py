@@ -103,8 +103,8 @@ class Cluster:
         )
         if r["engine"] != "hf":
             self.rollout.wait_ready()  # vLLM profiles GPU memory at start: start it before the trainers allocate
-        reward_cls = ray.remote(num_cpus=rw["num_cpus"])(RewardWorker)
-        self.rewards = ActorPool("reward", lambda i: reward_cls.remote(cfg), int(rw["num_workers"]))
+        reward_cls = ray.remote(num_cpus=rw["actor_num_cpus"])(RewardWorker)
+        self.rewards = ActorPool("reward", lambda i: reward_cls.remote(cfg), int(rw["num_actors"]))
         n = int(t["num_processes"])
         port = _free_port()
         trainer_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["num_gpus"])(PolicyTrainer)

@@ -83,7 +83,10 @@ def train(cfg: dict) -> Path:
     model_path = resolve_model_path(cfg["model"]["path"])
     resolve_auto(cfg, model_is_moe(model_path))
     tokenizer = load_tokenizer(model_path)
-    from rewards.compose import required_fields
+    from rewards.compose import NEEDED_FIELDS
+
+    def required_fields(specs) -> set[str]:  # dataset fields the domain's rewards read (answer, tests, ...)
+        return {f for spec in specs for f in NEEDED_FIELDS.get(spec["name"], ())}
 
     mixture = PromptMixture(
         cfg["domains"],

@@ -56,8 +56,8 @@ class Tracker:
             self.bar = tqdm(total=total_steps, initial=start_step, desc="rl steps", dynamic_ncols=True)
 
     def _truncate_after(self, start_step: int) -> None:
-        """On resume, drop lines of steps that will be redone (written after the checkpoint)."""
-        keep = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < start_step]
+        """On resume, drop lines of steps after the checkpoint (they are about to be redone)."""
+        keep = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= start_step]
         self.path.write_text("".join(k + "\n" for k in keep))
 
     def log(self, metrics: dict) -> None:

@@ -39,8 +39,10 @@ def ray_session():
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    os.environ["DS_ACCELERATOR"] = "cuda"  # conftest.py pins DeepSpeed to CPU for CI; the actors inherit the env
     ray.init(num_gpus=1, num_cpus=8, include_dashboard=False, log_to_driver=True,
-             runtime_env={"env_vars": {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}})
+             runtime_env={"env_vars": {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0",
+                                       "DS_ACCELERATOR": "cuda"}})
     yield ray
     ray.shutdown()
 

@@ -27,6 +27,9 @@ class _NoReplay(nullcontext):
     mismatch_count = 0
     total_count = 0
 
+    def __enter__(self):  # nullcontext would return None; callers read the counters from the context
+        return self
+
 
 def route_replay(model, batch: TrainBatch, enabled: bool):
     """Keep Routing context for one micro-batch. Keep it open through backward: with gradient
@@ -38,33 +41,28 @@ def route_replay(model, batch: TrainBatch, enabled: bool):
     return _NoReplay()
 
 
-class LogprobHead(torch.nn.Module):
-    """`token_logprobs` over the model's output projection, as a module of the model.
+class PolicyForward(torch.nn.Module):
+    """The module DeepSpeed wraps: an HF causal LM plus the chunked logprob over its output projection.
 
-    Under ZeRO-3 the LM-head weight is partitioned and only gathered inside a module's forward/backward; the
-    chunked logprob reads that weight directly, so it runs as this module with the weight registered as its
-    external parameter (`attach_logprob_head`). It owns no parameters: checkpoints are unchanged.
+    Going through `engine(...)` (not the HF submodules directly) lets DeepSpeed do its per-forward bookkeeping;
+    without it ZeRO-3 overwrote the accumulated gradient of earlier micro-batches. Under ZeRO-3 the LM-head
+    weight is partitioned and gathered only inside a module's forward/backward, and the chunked logprob reads
+    it directly, so it is registered as this module's external parameter (`register_zero3_external_head`).
     """
 
-    def __init__(self, head: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module):
         super().__init__()
-        self._head = [head]  # a list, so the head is not registered twice as a submodule
+        self.model = model
 
-    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, **kwargs):
-        head = self._head[0]
-        return token_logprobs(hidden, head.weight, targets, lm_bias=getattr(head, "bias", None), **kwargs)
+    def forward(self, batch: TrainBatch, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = forward_logprobs(self.model, batch, **kwargs)
+        return out.logprobs, out.entropy
 
+    def register_zero3_external_head(self) -> None:
+        import deepspeed
 
-def attach_logprob_head(model) -> None:
-    model.add_module("logprob_head", LogprobHead(model.get_output_embeddings()))
-
-
-def register_logprob_head_zero3(model) -> None:
-    import deepspeed
-
-    head = model.get_output_embeddings()
-    for p in head.parameters():
-        deepspeed.zero.register_external_parameter(model.logprob_head, p)
+        for p in self.model.get_output_embeddings().parameters():
+            deepspeed.zero.register_external_parameter(self, p)
 
 
 def split_head(model):
@@ -97,8 +95,5 @@ def forward_logprobs(
         chunk_size=chunk_size,
         with_entropy=with_entropy,
     )
-    if hasattr(model, "logprob_head"):
-        logp, entropy = model.logprob_head(hidden, batch.targets, **kwargs)
-    else:
-        logp, entropy = token_logprobs(hidden, head.weight, batch.targets, lm_bias=getattr(head, "bias", None), **kwargs)
+    logp, entropy = token_logprobs(hidden, head.weight, batch.targets, lm_bias=getattr(head, "bias", None), **kwargs)
     return ForwardOut(logp, entropy)

@@ -21,7 +21,7 @@ import torch
 from rl.losses import grpo_loss
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
-from trainer.forward import attach_logprob_head, forward_logprobs, register_logprob_head_zero3, route_replay
+from trainer.forward import PolicyForward, route_replay
 
 
 def pick_device(name: str) -> str:
@@ -107,15 +107,15 @@ class PolicyTrainer:
         if tcfg["gradient_checkpointing"]:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-        attach_logprob_head(model)
+        self.model = model
         self.grad_accum = micro_batches_per_minibatch(cfg, world_size)
         ds_cfg = deepspeed_config(tcfg, cfg["model"]["dtype"], self.grad_accum, world_size)
         self.engine, _, _, _ = deepspeed.initialize(
-            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_cfg
+            model=PolicyForward(model), model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_cfg
         )
         self.zero_stage = int(tcfg["zero_stage"])
         if self.zero_stage == 3:
-            register_logprob_head_zero3(self.engine.module)
+            self.engine.module.register_zero3_external_head()
 
     def ready(self) -> int:
         return self.rank
@@ -132,9 +132,8 @@ class PolicyTrainer:
                 raise ValueError(f"rank {self.rank}: mini-batch of {len(trajs)} gives {len(micro)} micro-batches, expected {self.grad_accum}")
             for chunk in micro:
                 batch = collate(chunk, self.tokenizer.pad_token_id).to(self.engine.device)
-                with route_replay(self.engine.module, batch, self.keep_routing) as replay:
-                    out = forward_logprobs(
-                        self.engine.module,
+                with route_replay(self.model, batch, self.keep_routing) as replay:
+                    logprobs, entropy = self.engine(
                         batch,
                         temperature=float(self.cfg["rollout"]["temperature"]) or 1.0,
                         keep_sampling_mask=bool(acfg["keep_sampling_mask"]),
@@ -142,7 +141,7 @@ class PolicyTrainer:
                         with_entropy=True,
                     )
                     loss, stats = grpo_loss(
-                        out.logprobs,
+                        logprobs,
                         batch.old_logprobs,
                         batch.ref_logprobs,
                         batch.seq_index,
@@ -160,7 +159,7 @@ class PolicyTrainer:
                     self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
                 self.engine.step()
                 routing = (int(replay.mismatch_count), int(replay.total_count))
-                accumulate_stats(sums, batch, out, stats, routing, first_minibatch=mb_index == 0)
+                accumulate_stats(sums, batch, logprobs.detach(), entropy, stats, routing, first_minibatch=mb_index == 0)
             sums["grad_norm"] += float(self.engine.get_global_grad_norm() or 0.0)
             sums["optimizer_steps"] += 1
         sums["lr"] = float(self.engine.get_lr()[0])
@@ -169,7 +168,7 @@ class PolicyTrainer:
     # -- weights out ---------------------------------------------------------------------------------------
     def full_state_dict(self, dtype: str | None = None) -> dict[str, torch.Tensor] | None:
         """Whole weights on rank 0 (None elsewhere); a collective under ZeRO-3, so call it on every rank."""
-        module = self.engine.module
+        module = self.model
         cast = torch_dtype(dtype) if dtype else None
         out = {}
         if self.zero_stage == 3:
@@ -205,7 +204,7 @@ class PolicyTrainer:
 
     def send_weights(self, workers: list) -> dict:
         """Stream the current weights to `workers` (RolloutWorker handles); on every rank (ZeRO-3 gathers)."""
-        return self.weight_sender.send(self.engine.module, workers)
+        return self.weight_sender.send(getattr(self, "model", self.engine.module), workers)  # the HF model
 
     # -- checkpoints ---------------------------------------------------------------------------------------
     def save(self, ckpt_dir: str, client_state: dict) -> None:
@@ -213,7 +212,7 @@ class PolicyTrainer:
         path = Path(ckpt_dir)
         state = self.full_state_dict()
         if self.rank == 0:
-            self.engine.module.save_pretrained(path / "hf", state_dict=state)
+            self.model.save_pretrained(path / "hf", state_dict=state)
             self.tokenizer.save_pretrained(path / "hf")
         rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
         self.engine.save_checkpoint(
@@ -244,18 +243,18 @@ def split_micro(trajs: list[Trajectory], n: int) -> list[list[Trajectory]]:
     return [trajs[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def accumulate_stats(sums: dict, batch, out, stats: dict, routing: tuple[int, int], first_minibatch: bool) -> None:
+def accumulate_stats(sums: dict, batch, logprobs, entropy, stats: dict, routing: tuple[int, int], first_minibatch: bool) -> None:
     mask = batch.loss_mask
     tokens = float(mask.sum())
     sums["loss/pg"] += float(stats["pg_loss"])
     sums["loss/kl"] += float(stats["kl_loss"])
     sums["clip_tokens"] += float(stats["clip_tok_sum"])
     sums["tokens"] += tokens
-    if out.entropy is not None:
-        sums["entropy_sum"] += float((out.entropy * mask).sum())
+    if entropy is not None:
+        sums["entropy_sum"] += float((entropy * mask).sum())
     if first_minibatch:
         # Same weights on both sides before the first update: the train/inference mismatch.
-        diff = (batch.old_logprobs - out.logprobs.detach()).abs()
+        diff = (batch.old_logprobs - logprobs).abs()
         sums["mismatch_abs_sum"] += float((diff * mask).sum())
         sums["mismatch_tokens"] += tokens
         sums["routing_mismatch"] += routing[0]

@@ -1,0 +1,138 @@
+"""Composition: weights, config errors, a raising part, a hanging part (killed, run goes on), worker wrapper."""
+
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from rewards import catalog
+from rewards.compose import RewardComposer
+from rewards.registry import RewardSpec
+from rewards.worker import RewardWorker
+from rl.trajectory import Trajectory
+
+
+def _hang(view, params):  # module-level: pickled by reference into the pool worker
+    while True:
+        pass
+
+
+def _boom(view, params):
+    raise RuntimeError("boom")
+
+
+def _nan(view, params):
+    return float("nan")
+
+
+@pytest.fixture
+def extra_rewards(monkeypatch):
+    monkeypatch.setitem(catalog.REWARDS, "hang", RewardSpec(_hang, runner="pool"))
+    monkeypatch.setitem(catalog.REWARDS, "boom", RewardSpec(_boom))
+    monkeypatch.setitem(catalog.REWARDS, "nan", RewardSpec(_nan))
+
+
+def traj(text, domain="logic", sample=None, n=10, finish="stop", uid="u"):
+    return Trajectory(uid=uid, group_id="g", domain=domain, prompt_ids=[1], response_ids=np.zeros(n),
+                      sampling_logprobs=np.zeros(n), finish_reason=finish, response_text=text,
+                      sample=sample if sample is not None else {"answer": "42"})
+
+
+def test_weighted_sum_and_unweighted_parts():
+    c = RewardComposer({"logic": [{"name": "exact_match", "weight": 1.0},
+                                  {"name": "format", "weight": 0.2, "thinking": True},
+                                  {"name": "length", "weight": 0.5, "mode": "overlong", "buffer": 100}]},
+                       {}, max_new_tokens=1000)
+    t = c.score([traj("<think>x</think>Answer: 42", n=950)])[0]
+    assert t.reward_parts == {"exact_match": 1.0, "format": 1.0, "length": pytest.approx(-0.5)}
+    assert t.reward == pytest.approx(1.0 + 0.2 - 0.25)
+    assert t.reward_error is None
+    c.close()
+
+
+@pytest.mark.parametrize("domains,msg", [
+    ({"logic": [{"name": "nope"}]}, "domains.logic.rewards[0]: unknown reward 'nope'"),
+    ({"logic": [{"name": "exact_match"}, {"name": "format", "thinking": "yes"}]}, "domains.logic.rewards[1]: parameter 'thinking'"),
+    ({"logic": [{"name": "format", "colour": 1}]}, "domains.logic.rewards[0]: unknown parameter"),
+    ({"logic": [{"name": "length", "mode": "overlong"}]}, "domains.logic.rewards[0]: mode 'overlong' needs 'buffer'"),
+    ({"logic": [{"name": "length", "mode": "linear", "target": 10}]}, "needs 'target'"),
+    ({"logic": [{"name": "char_fraction"}]}, "parameter 'chars' is required"),
+    ({"logic": [{"name": "code", "mode": "most"}]}, "must be one of"),
+    ({"logic": [{"name": "exact_match", "weight": "big"}]}, "'weight' must be a finite number"),
+    ({"logic": [{"name": "format"}, {"name": "format"}]}, "distinct 'label'"),
+    ({"logic": [{"name": "rubric_judge"}]}, "reserved"),
+    ({"logic": []}, "domains.logic.rewards: must be a non-empty list"),
+])
+def test_config_errors_name_the_part(domains, msg):
+    with pytest.raises(ValueError, match=msg.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+        RewardComposer(domains, {}, 100)
+
+
+def test_domain_block_form_and_rewards_section_defaults():
+    c = RewardComposer({"code": {"kl_coef": 0.0, "rewards": [{"name": "code"}]}},
+                       {"code": {"wall_s": 2.5, "mode": "all", "parallel": 1}}, 10)
+    p = c.domains["code"][0].params
+    assert p["wall_s"] == 2.5 and p["mode"] == "all"
+    c.close()
+
+
+def test_raising_and_invalid_parts_zero_with_reason(extra_rewards):
+    c = RewardComposer({"logic": [{"name": "exact_match", "weight": 1.0}, {"name": "boom", "weight": 5.0},
+                                  {"name": "nan", "weight": 1.0}]}, {}, 10)
+    t = c.score([traj("Answer: 42")])[0]
+    assert t.reward == 1.0
+    assert t.reward_parts == {"exact_match": 1.0, "boom": 0.0, "nan": 0.0}
+    assert "boom: RuntimeError: boom" in t.reward_error and "nan: returned nan" in t.reward_error
+    c.close()
+
+
+def test_hanging_part_is_killed_and_run_continues(extra_rewards):
+    c = RewardComposer({"logic": [{"name": "exact_match", "weight": 1.0}, {"name": "hang", "timeout_s": 1.5}]},
+                       {"num_workers": 2}, 10)
+    workers = set(c._pool.worker_pids())
+    t0 = time.monotonic()
+    out = c.score([traj("Answer: 42", uid="a"), traj("Answer: 41", uid="b")])
+    assert time.monotonic() - t0 < 15
+    assert [t.reward for t in out] == [1.0, 0.0]
+    assert all(t.reward_error == "hang: timeout" for t in out)
+    time.sleep(0.2)
+    alive = [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, "the hung workers must be killed"
+    # the pool came back and still works
+    assert c.score([traj("Answer: 42", uid="c")])[0].reward_parts["exact_match"] == 1.0
+    c.close()
+
+
+def test_isolated_flag_runs_inline_reward_in_pool():
+    c = RewardComposer({"logic": [{"name": "exact_match", "isolated": True}]}, {"num_workers": 1}, 10)
+    assert c.domains["logic"][0].runner == "pool"
+    assert c.score([traj("Answer: 42")])[0].reward == 1.0
+    c.close()
+
+
+def test_unknown_domain_and_missing_fields():
+    c = RewardComposer({"logic": [{"name": "exact_match"}, {"name": "format", "thinking": False}]}, {}, 10)
+    a, b = c.score([traj("x", domain="poetry"), traj("Answer: 1", sample={})])
+    assert a.reward == 0.0 and "unknown domain 'poetry'" in a.reward_error
+    assert b.reward == 0.0 and "missing 'answer'" in b.reward_error and b.reward_parts["format"] == 0.0
+    c.close()
+
+
+def test_reward_worker_from_resolved_config():
+    cfg = {"domains": {"logic": {"rewards": [{"name": "exact_match", "weight": 2.0}]}},
+           "rewards": {"timeout_s": 5}, "rollout": {"max_new_tokens": 64}}
+    w = RewardWorker(cfg)
+    assert w.ready()
+    assert w.score([traj("Answer: 42")])[0].reward == 2.0
+    w.close()
+
+
+def test_reward_worker_accepts_omegaconf():
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"domains": {"logic": {"rewards": [{"name": "length", "mode": "overlong", "buffer": 8}]}},
+                            "rewards": {}, "rollout": {"max_new_tokens": 16}})
+    w = RewardWorker(cfg)
+    assert w.score([traj("x", n=16)])[0].reward == -1.0
+    w.close()

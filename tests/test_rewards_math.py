@@ -1,0 +1,87 @@
+"""Math reward through the composer's killable process pool: equivalences, wrong answers, hostile input."""
+
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from rewards.compose import RewardComposer
+from rl.trajectory import Trajectory
+
+
+def traj(text, answer, domain="math", n=5, uid="u"):
+    return Trajectory(uid=uid, group_id="g", domain=domain, prompt_ids=[1], response_ids=np.zeros(n),
+                      sampling_logprobs=np.zeros(n), response_text=text, sample={"answer": answer})
+
+
+@pytest.fixture(scope="module")
+def composer():
+    c = RewardComposer({"math": [{"name": "math", "weight": 1.0}]},
+                       {"num_workers": 2, "math": {"timeout_s": 10, "memory_mb": 4096}}, 1024)
+    yield c
+    c.close()
+
+
+EQUIVALENT = [
+    ("The answer is \\boxed{0.5}", "1/2"),
+    ("<think>...</think>\\boxed{\\frac{1}{2}}", "0.5"),
+    ("so the result is 1/2", "\\frac{1}{2}"),
+    ("\\boxed{[1,3)}", "[1,3)"),
+    ("\\boxed{(0, \\infty)}", "(0,\\infty)"),
+    ("\\boxed{\\{3,2,1\\}}", "\\{1,2,3\\}"),
+    ("\\boxed{3, 1, 2}", "1,2,3"),
+    ("\\boxed{\\frac{1}{\\sqrt{2}}}", "\\sqrt{2}/2"),
+    ("\\boxed{(x+1)^2}", "x^2+2x+1"),
+    ("Final answer: $0.75$", "3/4"),
+]
+WRONG = [
+    ("\\boxed{0.4}", "1/2"),
+    ("\\boxed{[1,3]}", "[1,3)"),
+    ("\\boxed{\\{1,2\\}}", "\\{1,2,3\\}"),
+    ("\\boxed{3}", "-3"),
+    ("<think>the answer is \\boxed{5}", "5"),  # never left the reasoning: no answer part
+]
+
+
+def test_equivalences_score_one(composer):
+    trajs = composer.score([traj(t, a, uid=str(i)) for i, (t, a) in enumerate(EQUIVALENT)])
+    assert [t.reward for t in trajs] == [1.0] * len(EQUIVALENT), [(t.response_text, t.reward_error) for t in trajs]
+    assert all(t.reward_error is None for t in trajs)
+
+
+def test_wrong_answers_score_zero(composer):
+    trajs = composer.score([traj(t, a, uid=str(i)) for i, (t, a) in enumerate(WRONG)])
+    assert [t.reward for t in trajs] == [0.0] * len(WRONG)
+    assert trajs[-1].reward_error == "math: empty answer part"
+
+
+def test_hostile_inputs(composer):
+    hostile = ["x" * 1_000_000 + " \\boxed{1/2}", "\ud800\x00\x07 \\boxed{1/2}", "<think></think><think>\\boxed{1/2}",
+               "\\boxed{" * 5000, "\\boxed{9^{9^{9^{9^{9}}}}}", "$" * 100000]
+    t0 = time.monotonic()
+    trajs = composer.score([traj(h, "1/2", uid=str(i)) for i, h in enumerate(hostile)])
+    assert time.monotonic() - t0 < 60
+    assert trajs[0].reward == 1.0 and trajs[1].reward == 1.0
+    for t in trajs:
+        assert t.reward in (0.0, 1.0)
+        assert t.reward == 1.0 or t.reward_error is not None or t.reward_parts["math"] == 0.0
+
+
+def test_stuck_sample_times_out_and_pool_recovers():
+    c = RewardComposer({"math": [{"name": "math", "timeout_s": 1.0}]}, {"num_workers": 1}, 1024)
+    try:
+        before = set(c._pool.worker_pids())
+        # A power tower sympy cannot evaluate in time: math-verify's inner timeout is larger than the outer one.
+        c.domains["math"][0].params["inner_timeout_s"] = 60
+        t0 = time.monotonic()
+        out = c.score([traj("\\boxed{2^{2^{2^{2^{2^{22}}}}} - 3^{3^{3^{3^{33}}}}}", "5", uid="slow"),
+                       traj("\\boxed{0.5}", "1/2", uid="fine")])
+        assert time.monotonic() - t0 < 30
+        assert out[1].reward == 1.0
+        if out[0].reward_error == "math: timeout":  # sympy gave up quickly on some builds; then nothing to check
+            assert c._pool.restarts >= 1
+            assert not (before & set(c._pool.worker_pids()))
+            assert not [p for p in before if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    finally:
+        c.close()

@@ -8,6 +8,7 @@ section of the config (its keys that are parameters of that reward), the part's 
 from __future__ import annotations
 
 from .code_reward import code_reward
+from .judge import judge_request
 from .language_reward import language_consistency
 from .math_reward import math_verify_reward
 from .registry import Param, RewardSpec, positive
@@ -65,9 +66,10 @@ REWARDS: dict[str, RewardSpec] = {
         "min_detect_chars": Param(int, 12, **_pos),
         "max_segments": Param(int, 2000, **_pos),
     }),
+    # Batched: the function only builds the request; the composer sends the whole batch's requests to the judge
+    # (rewards/judge.py) in one call. Judge settings are global (`rewards.judge`): one judge model serves all.
+    "rubric_judge": RewardSpec(judge_request, runner="judge"),
 }
 
 # Names kept for rewards that are planned but not built yet; using one is a construction error that says so.
-RESERVED: dict[str, str] = {
-    "rubric_judge": "the generative rubric judge (rewards.judge config) is not implemented yet",
-}
+RESERVED: dict[str, str] = {}

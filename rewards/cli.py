@@ -8,6 +8,9 @@ domain, missing fields) gets reward 0 and an error; the other lines go on.
 Token count for the length penalty: "response_tokens" when given; else, with `--tokenizer PATH`, the length of
 that tokenizer's encoding; else the number of whitespace-separated words (a rough stand-in, documented as such).
 
+Rubric judge: when a domain uses `rubric_judge`, the judge model (`rewards.judge`, default `model.path`, i.e. the
+embedded tiny model) is loaded in this process on the transformers engine (or vLLM if `rollout.engine` says so).
+
 Config: the project's Hydra config `conf/train.yaml` composed with the overrides (needs `domains.*`,
 `rewards`, `rollout.max_new_tokens`), or `--config FILE` (YAML/JSON holding those keys) to bypass Hydra.
 """
@@ -27,6 +30,7 @@ import numpy as np
 from rl.trajectory import Trajectory
 
 from .compose import RewardComposer, to_plain
+from .judge import uses_rubric_judge
 
 logger = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -76,8 +80,13 @@ def word_count(text: str) -> int:
 
 def score_lines(lines: Iterable[str], cfg: dict, count_tokens: Callable[[str], int] = word_count) -> Iterable[dict]:
     """Plain-dict config in, one output dict per input line out (streamed in batches)."""
+    judge = None
+    if uses_rubric_judge(cfg["domains"]):
+        from .judge import build_judge
+
+        judge = build_judge(cfg)
     composer = RewardComposer(cfg["domains"], cfg.get("rewards") or {},
-                              (cfg.get("rollout") or {}).get("max_new_tokens", 0))
+                              (cfg.get("rollout") or {}).get("max_new_tokens", 0), judge=judge)
     try:
         batch: list[tuple[dict, Trajectory | None, str | None]] = []
 

@@ -9,6 +9,10 @@ Failure policy (rewards never take the run down):
 - a part past its timeout (`timeout_s` of the part > `rewards.<name>.timeout_s` > `rewards.timeout_s`) scores 0
   with reason "timeout". Parts that could hang never run in the composer's own threads: "pool" parts run in
   processes that are SIGKILLed on timeout, "threads" parts (code) only wait on sandbox subprocesses they kill.
+- "judge" parts (rubric_judge) of the whole batch go to the judge in ONE call: an in-process `RubricJudge` (CLI,
+  tests) or a Ray handle of `JudgeWorker` (`RewardWorker(cfg, judge=handle)`). A call that raises or exceeds
+  `rewards.judge.timeout_s` scores 0 for those parts with the reason; the run goes on. A part's own `timeout_s`
+  does not apply to it (the call is per batch, not per sample).
 `reward_parts[label]` is the UNWEIGHTED part score (0 for a failed part); `reward_error` joins "label: reason".
 """
 
@@ -27,13 +31,14 @@ from rl.trajectory import Trajectory
 from .catalog import RESERVED, REWARDS
 from .math_reward import warm_up_math
 from .process_pool import KillablePool
+from .judge import judge_config
 from .registry import RewardSpec, RewardZero, SampleView, validate_params
 from .text import answer_part, sanitize
 
 logger = logging.getLogger(__name__)
 
 # Sample fields a reward cannot work without.
-NEEDED_FIELDS = {"math": ("answer",), "exact_match": ("answer",), "code": ("tests",)}
+NEEDED_FIELDS = {"math": ("answer",), "exact_match": ("answer",), "code": ("tests",), "rubric_judge": ("rubric",)}
 # Grace on top of a "threads" part's timeout: the sandbox finishes its current run (<= wall_s) before stopping.
 THREAD_GRACE_S = 30.0
 MAX_WARNINGS_PER_BATCH = 5
@@ -71,13 +76,23 @@ class _Result:
 
 
 class RewardComposer:
-    def __init__(self, domains_cfg: Mapping[str, Any], rewards_cfg: Mapping | None = None, max_new_tokens: int = 0):
+    def __init__(self, domains_cfg: Mapping[str, Any], rewards_cfg: Mapping | None = None, max_new_tokens: int = 0,
+                 judge: Any = None):
         self.rewards_cfg = dict(to_plain(rewards_cfg) or {})
         self.max_new_tokens = int(max_new_tokens or 0)
         self.domains: dict[str, list[Part]] = {}
         for domain, block in (to_plain(domains_cfg) or {}).items():
             parts_cfg = block.get("rewards") if isinstance(block, Mapping) else block
             self.domains[domain] = self._build_domain(domain, parts_cfg)
+        # The judge: anything with `score(requests) -> results`, or a Ray actor handle of rewards.judge.JudgeWorker.
+        self.judge = judge
+        self.judge_timeout_s = float(judge_config(self.rewards_cfg)["timeout_s"])
+        self._judge_exec: cf.ThreadPoolExecutor | None = None  # in-process judge: runs beside the other parts
+        for parts in self.domains.values():
+            for p in parts:
+                if p.runner == "judge" and judge is None:
+                    raise ValueError(f"{p.where}: reward '{p.name}' needs a judge model, and none was given "
+                                     f"(the driver starts one from rewards.judge; in code pass judge=RubricJudge(...))")
         workers = int(self.rewards_cfg.get("num_workers") or 1)
         math_cfg = self.rewards_cfg.get("math") or {}
         code_cfg = self.rewards_cfg.get("code") or {}
@@ -167,10 +182,12 @@ class RewardComposer:
                 jobs[p.runner].append((ti, pi, view))
 
         thread_futures = self._submit_threads(trajs, jobs["threads"])
+        judge_call = self._submit_judge(trajs, jobs["judge"], results)  # runs while the other parts do
         if jobs["pool"]:
             self._run_pool(trajs, jobs["pool"], results)
         for ti, pi, view in jobs["inline"]:
             results[(ti, pi)] = self._call(self.domains[trajs[ti].domain][pi], view)
+        self._collect_judge(judge_call, results)
         self._collect_threads(trajs, thread_futures, results)
         self._assemble(trajs, results)
         return trajs
@@ -233,6 +250,84 @@ class RewardComposer:
                     still.append((ti, pi, part, started, fut))
             pending = still
 
+    # ------------------------------------------------------------------------------------------------ judge
+    def _judge_is_actor(self) -> bool:
+        return hasattr(getattr(self.judge, "score", None), "remote")
+
+    def _submit_judge(self, trajs, jobs, results):
+        """Build every judge request of the batch (the part fn) and start ONE judge call; None if nothing to do."""
+        keys, requests = [], []
+        for ti, pi, view in jobs:
+            part = self.domains[trajs[ti].domain][pi]
+            try:
+                requests.append(part.spec.fn(view, part.params))
+                keys.append((ti, pi, part))
+            except RewardZero as exc:
+                results[(ti, pi)] = _Result(0.0, str(exc))
+            except Exception as exc:  # noqa: BLE001
+                results[(ti, pi)] = _Result(0.0, f"{type(exc).__name__}: {str(exc)[:300]}", failed=True)
+        if not requests:
+            return None
+        try:
+            if self._judge_is_actor():
+                pending = self.judge.score.remote(requests)
+            else:
+                if self._judge_exec is None:
+                    self._judge_exec = cf.ThreadPoolExecutor(1, thread_name_prefix="reward-judge")
+                pending = self._judge_exec.submit(self.judge.score, requests)
+        except Exception as exc:  # noqa: BLE001
+            self._judge_failed(keys, results, f"judge call failed: {type(exc).__name__}: {str(exc)[:300]}")
+            return None
+        return keys, pending, time.monotonic()
+
+    def _collect_judge(self, call, results) -> None:
+        if call is None:
+            return
+        keys, pending, started = call
+        left = max(self.judge_timeout_s - (time.monotonic() - started), 0.0)
+        try:
+            if self._judge_is_actor():
+                import ray
+
+                out = ray.get(pending, timeout=left)
+            else:
+                out = pending.result(timeout=left)
+            if not isinstance(out, list) or len(out) != len(keys):
+                raise ValueError(f"judge returned {type(out).__name__} of {len(out) if isinstance(out, list) else '?'}"
+                                 f" results for {len(keys)} requests")
+        except TimeoutError:  # concurrent.futures and Ray's GetTimeoutError both derive from it
+            self._abandon_judge_call(pending)
+            self._judge_failed(keys, results, f"judge timeout after {self.judge_timeout_s:g}s")
+            return
+        except Exception as exc:  # noqa: BLE001 - a judge error or a dead judge actor must not end the run
+            self._judge_failed(keys, results, f"judge failed: {type(exc).__name__}: {str(exc)[:300]}")
+            return
+        for (ti, pi, part), res in zip(keys, out):
+            value = res.get("score") if isinstance(res, Mapping) else res
+            r = self._check_value(part, value)
+            if not r.failed and isinstance(res, Mapping) and res.get("reason"):
+                r.reason = str(res["reason"])  # e.g. a criterion the judge's text could not be parsed for
+            results[(ti, pi)] = r
+
+    def _judge_failed(self, keys, results, reason: str) -> None:
+        logger.warning("reward: %s (%d judge request(s) scored 0)", reason, len(keys))
+        for ti, pi, _ in keys:
+            results[(ti, pi)] = _Result(0.0, reason, failed=True)
+
+    def _abandon_judge_call(self, pending) -> None:
+        """A timed-out call cannot be interrupted in place; make sure the next batch does not queue behind it."""
+        if self._judge_is_actor():
+            import ray
+
+            try:  # drops it if still queued; a running sync actor call finishes on its own
+                ray.cancel(pending)
+            except Exception:  # noqa: BLE001
+                pass
+        elif self._judge_exec is not None:
+            # The stuck thread keeps running until the engine returns; the next batch gets a fresh thread.
+            self._judge_exec.shutdown(wait=False, cancel_futures=True)
+            self._judge_exec = None
+
     def _assemble(self, trajs, results) -> None:
         warned = 0
         zero_reasons: dict[str, list[str]] = defaultdict(list)
@@ -268,6 +363,9 @@ class RewardComposer:
         if self._threads is not None:
             self._threads.shutdown(wait=True, cancel_futures=True)
             self._threads = None
+        if self._judge_exec is not None:
+            self._judge_exec.shutdown(wait=False, cancel_futures=True)
+            self._judge_exec = None
 
     def __enter__(self) -> "RewardComposer":
         return self

@@ -7,6 +7,8 @@ in `rewards/catalog.py`. Where a reward runs is part of its spec:
             The function and its arguments must be picklable (module-level function).
 - "threads": in a thread of the composer; only for rewards that bound their own time by running the untrusted
             part in a subprocess they kill themselves (code). Their deadline is passed in `params["_deadline"]`.
+- "judge":  batched: `fn` only turns a sample into a judge request; the composer sends all requests of a batch
+            to the judge in one call bounded by `rewards.judge.timeout_s` (rubric_judge, see rewards/judge.py).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class Param:
 class RewardSpec:
     fn: Callable[[SampleView, dict], float]
     params: dict[str, Param] = field(default_factory=dict)
-    runner: str = "inline"  # inline | pool | threads (see module docstring)
+    runner: str = "inline"  # inline | pool | threads | judge (see module docstring)
     score_range: tuple[float, float] = (0.0, 1.0)  # checked on every result; penalties use (-1, 0)
     # Checks between parameters, called with (params, max_new_tokens); raises ValueError.
     cross_check: Callable[[dict, int], None] | None = None

@@ -1,7 +1,9 @@
 """`RewardWorker`: the reward actor's body. A plain class; the driver wraps it with `ray.remote`.
 
 Built from the resolved config dict (`cfg["domains"]`, `cfg["rewards"]`, `cfg["rollout"]["max_new_tokens"]`).
-It owns one `RewardComposer` (its process pool and sandbox threads live inside the actor's process).
+It owns one `RewardComposer` (its process pool and sandbox threads live inside the actor's process). `judge` is the
+Ray handle of the one `rewards.judge.JudgeWorker` actor when a domain uses `rubric_judge` (the driver creates it
+once and passes it to every RewardWorker, so the judge model is loaded once).
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ logger = logging.getLogger(__name__)
 
 
 class RewardWorker:
-    def __init__(self, cfg: Mapping[str, Any]):
+    def __init__(self, cfg: Mapping[str, Any], judge: Any = None):
         cfg = to_plain(cfg)
         # fastText/BLAS inside this actor: one thread each, the parallelism is the pool's and the sandboxes'.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         self.composer = RewardComposer(
-            cfg["domains"], cfg.get("rewards") or {}, (cfg.get("rollout") or {}).get("max_new_tokens", 0)
+            cfg["domains"], cfg.get("rewards") or {}, (cfg.get("rollout") or {}).get("max_new_tokens", 0),
+            judge=judge,
         )
 
     def ready(self) -> bool:

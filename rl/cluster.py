@@ -103,8 +103,17 @@ class Cluster:
         )
         if r["engine"] != "hf":
             self.rollout.wait_ready()  # vLLM profiles GPU memory at start: start it before the trainers allocate
+        self.judge = None  # one rubric-judge actor for the run, shared by the reward workers (rewards/judge.py)
+        from rewards.judge import JudgeWorker, uses_rubric_judge
+
+        if uses_rubric_judge(cfg["domains"]):
+            jc = rw["judge"]
+            # max_restarts: a judge that dies is restarted; the batches in flight meanwhile score 0 with the reason.
+            judge_cls = ray.remote(num_cpus=jc["num_cpus"], num_gpus=jc["num_gpus"], max_restarts=3)(JudgeWorker)
+            self.judge = judge_cls.remote(cfg, model_path)  # rewards.judge.model null -> the policy's model_path
         reward_cls = ray.remote(num_cpus=rw["actor_num_cpus"])(RewardWorker)
-        self.rewards = ActorPool("reward", lambda i: reward_cls.remote(cfg), int(rw["num_actors"]))
+        self.rewards = ActorPool("reward", lambda i: reward_cls.remote(cfg, judge=self.judge),
+                                 int(rw["num_actors"]))
         n = int(t["num_processes"])
         port = _free_port()
         trainer_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["num_gpus"])(PolicyTrainer)
@@ -117,6 +126,8 @@ class Cluster:
             self.reference = ref_cls.remote(cfg, model_path)
         self.rollout.wait_ready()
         self.rewards.wait_ready()
+        if self.judge is not None:
+            ray.get(self.judge.ready.remote())
         self._get_trainers([a.ready.remote() for a in self.trainers])
         if self.reference is not None:
             ray.get(self.reference.ready.remote())
@@ -182,6 +193,6 @@ class Cluster:
         return self._get_trainers([a.load.remote(ckpt_dir) for a in self.trainers])[0]
 
     def shutdown(self) -> None:
-        for a in [*self.rollout.actors, *self.rewards.actors, *self.trainers, self.reference]:
+        for a in [*self.rollout.actors, *self.rewards.actors, *self.trainers, self.reference, self.judge]:
             if a is not None:
                 ray.kill(a)

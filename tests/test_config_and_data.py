@@ -26,7 +26,7 @@ def test_mixed_rl_composes_and_validates():
     cfg = composed("domains.math.kl_coef=0.05")
     validate(cfg)
     assert cfg["domains"]["math"]["kl_coef"] == 0.05
-    assert {"math", "code", "logic"} <= set(cfg["domains"])
+    assert {"math", "code", "logic", "general"} <= set(cfg["domains"])
 
 
 @pytest.mark.parametrize(

@@ -40,7 +40,7 @@ def test_mixed_rl_embedded_default(tmp_path):
     for r in rows:
         for key in REQUIRED:
             assert key in r, key
-        for d in ("math", "code", "logic"):
+        for d in ("math", "code", "logic", "general"):
             if r.get(f"samples/{d}"):
                 assert f"reward/{d}/mean" in r and f"kl/{d}" in r
     # math has kl_coef 0 (no reference for it); the others have a KL estimate
@@ -75,3 +75,15 @@ def test_resume_continues_at_next_step_with_same_data(tmp_path):
         assert [x["prompt"] for x in a] == [x["prompt"] for x in b]  # same data order
         assert [x["response"] for x in a] == [x["response"] for x in b]  # same weights, same sampling RNG
     assert abs(straight[3]["reward/mean"] - resumed[3]["reward/mean"]) < 1e-6
+
+
+@pytest.mark.slow
+def test_two_zero3_ranks_compute_the_same_update_as_one(tmp_path):
+    """Data parallel over 2 gloo ranks (ZeRO-3) must give the same loss and gradient norm as 1 rank: the loss is
+    normalised by the whole mini-batch and scaled back up by the world size that DeepSpeed averages over."""
+    common = ["+experiment=smoke_learn", "trainer.total_steps=1", "trainer.mini_batches=2", "trainer.micro_batch_size=4"]
+    one = launch(tmp_path / "one", *common)[0]
+    two = launch(tmp_path / "two", *common, "trainer.num_processes=2", "trainer.zero_stage=3")[0]
+    assert one["reward/mean"] == two["reward/mean"]  # same samples (same weights, same seeds)
+    assert abs(one["loss/pg"] - two["loss/pg"]) < 1e-5
+    assert abs(one["grad_norm"] - two["grad_norm"]) < 1e-4 * max(one["grad_norm"], 1e-8)

@@ -61,7 +61,7 @@ def test_weighted_sum_and_unweighted_parts():
     ({"logic": [{"name": "code", "mode": "most"}]}, "must be one of"),
     ({"logic": [{"name": "exact_match", "weight": "big"}]}, "'weight' must be a finite number"),
     ({"logic": [{"name": "format"}, {"name": "format"}]}, "distinct 'label'"),
-    ({"logic": [{"name": "rubric_judge"}]}, "reserved"),
+    ({"logic": [{"name": "rubric_judge"}]}, "needs a judge"),
     ({"logic": []}, "domains.logic.rewards: must be a non-empty list"),
 ])
 def test_config_errors_name_the_part(domains, msg):

@@ -1,0 +1,337 @@
+"""The generative rubric judge: a judge model scores a response against that prompt's own rubric.
+
+Request (one per sample): {"question": raw prompt, "response": the answer with its reasoning already removed,
+"rubric": [{"criterion": str, "weight": float > 0}, ...]}. Result: {"score": float in [0, 1], "reason": str | None,
+"criteria": [per-criterion score in [0, 1]]}. The sample score is sum(w_i * s_i) / sum(w_i).
+
+Every (sample, criterion) pair is one judge prompt, and all prompts of a batch go to the engine in ONE call, so
+the engine batches them (vLLM also shares the question+response prefix between a sample's criteria through its
+prefix cache: the criterion is the last thing in the prompt for that reason). Two ways to get a criterion score
+(`rewards.judge.mode`):
+- "expected": the judge's next-token distribution after the prompt, restricted to the score tokens "0".."score_max"
+  and renormalised; the score is its expected value / score_max. Always defined (no parsing), so it also works for
+  small or untrained judges such as the embedded tiny model. Each score string must be ONE token of the judge
+  tokenizer; that is checked at start.
+- "text": the judge writes a short answer (greedy by default) that must hold exactly one line `Score: <int>` with
+  0 <= int <= score_max. An unparseable answer gets one retry (all failures of a batch in one more engine call,
+  with a reminder of the format, so even a greedy judge answers differently); still unparseable -> 0, with why.
+  Also the fallback when the engine cannot give next-token logprobs.
+
+Prompts longer than `max_prompt_tokens` are cut in the MIDDLE of the response (its start and end usually carry the
+most signal: the approach and the conclusion), then, only if that is not enough, in the middle of the question;
+a "[... N tokens omitted ...]" marker tells the judge. The policy's text is tokenised again here with the judge's
+tokenizer: unavoidable for a different model, and nothing of it flows back into training as token ids.
+
+`JudgeWorker` is the Ray actor body (the driver wraps it with `ray.remote`); `RubricJudge` is the plain class it
+owns, also used in-process by `python -m rewards score` and the tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from .registry import RewardZero, SampleView
+from .text import answer_part, sanitize
+
+logger = logging.getLogger(__name__)
+
+# rewards.judge defaults (conf/rewards/default.yaml documents each key); used when a plain config omits some.
+DEFAULTS: dict[str, Any] = {
+    "model": None, "mode": "expected", "max_prompt_tokens": 2048, "max_new_tokens": 32, "temperature": 0.0,
+    "score_max": 9, "dtype": None, "device": None, "engine": None, "gpu_memory_utilization": None,
+    "num_cpus": 0, "num_gpus": 0, "batch_size": None, "timeout_s": 300.0,
+}
+MIN_KEEP_TOKENS = 32  # never cut a field below this many tokens; past that the request fails with a reason
+PROMPT = (
+    "You are grading an AI assistant's response against ONE criterion of a rubric.\n\n"
+    "[Question]\n{question}\n\n[Response]\n{response}\n\n[Criterion]\n{criterion}\n\n"
+    "How well does the response meet this criterion? Use an integer from 0 (not at all) to {score_max} (fully)."
+)
+EXPECTED_TAIL = " Reply with that single number only."
+TEXT_TAIL = " Reply with one line of the form `Score: <integer>`."
+RETRY_TAIL = (" Your previous reply could not be read. Reply with exactly one line `Score: <integer>`, "
+              "the integer between 0 and {score_max}, and nothing else.")
+
+
+def judge_config(rewards_cfg: Mapping | None) -> dict:
+    return {**DEFAULTS, **dict((rewards_cfg or {}).get("judge") or {})}
+
+
+def uses_rubric_judge(domains_cfg: Mapping) -> bool:
+    """True if any domain's rewards list has a `rubric_judge` part (the driver then starts a JudgeWorker)."""
+    for block in (domains_cfg or {}).values():
+        parts = block.get("rewards") if isinstance(block, Mapping) else block
+        if any(isinstance(p, Mapping) and p.get("name") == "rubric_judge" for p in parts or []):
+            return True
+    return False
+
+
+# ------------------------------------------------------------------------------------------ request side
+def normalize_rubric(rubric: Any) -> list[tuple[str, float]]:
+    """Validated [(criterion, weight)]; raises ValueError saying what is wrong (a data error, not a crash)."""
+    if isinstance(rubric, str):  # some datasets store the rubric as a JSON string
+        import json
+
+        rubric = json.loads(rubric)
+    if not isinstance(rubric, list) or not rubric:
+        raise ValueError("rubric must be a non-empty list of {criterion, weight}")
+    out = []
+    for i, item in enumerate(rubric):
+        if not isinstance(item, Mapping):
+            raise ValueError(f"rubric[{i}] is not a mapping")
+        crit, w = item.get("criterion"), item.get("weight", 1.0)
+        if not isinstance(crit, str) or not crit.strip():
+            raise ValueError(f"rubric[{i}].criterion must be a non-empty string")
+        # Negative weights would let the sample score leave [0, 1]; a zero weight is a criterion that never counts.
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+            raise ValueError(f"rubric[{i}].weight must be a number > 0, got {w!r}")
+        out.append((crit.strip(), float(w)))
+    return out
+
+
+def judge_request(view: SampleView, params: dict) -> dict:
+    """The composer's `rubric_judge` part function: one sample -> one judge request (no model call here)."""
+    response = view.answer.strip()
+    if not response:  # nothing after the reasoning (or unclosed <think>): nothing to judge
+        raise RewardZero("empty response after removing the reasoning")
+    try:
+        rubric = normalize_rubric(view.sample.get("rubric"))
+    except ValueError as exc:
+        raise RewardZero(f"invalid rubric: {exc}") from None
+    return {"question": sanitize(view.sample.get("prompt", "")), "response": response,
+            "rubric": [{"criterion": c, "weight": w} for c, w in rubric]}
+
+
+def parse_score(text: str, score_max: int) -> tuple[int | None, str | None]:
+    """Strict text-mode parse: exactly one line `Score: <int>` (case-insensitive), 0 <= int <= score_max.
+
+    Other lines (a justification) are allowed; the judge's own reasoning (<think>...</think>) is ignored.
+    Returns (score, None) or (None, reason). Linear in the text (no backtracking regex).
+    """
+    found = []
+    for line in answer_part(sanitize(text)).splitlines():
+        s = line.strip()
+        if s.lower().startswith("score:"):
+            found.append(s[len("score:"):].strip())
+    if not found:
+        return None, "no 'Score: <int>' line"
+    if len(found) > 1:
+        return None, f"{len(found)} 'Score:' lines (ambiguous)"
+    value = found[0]
+    digits = value[1:] if value[:1] in "+-" else value
+    if not digits.isascii() or not digits.isdigit():
+        return None, f"score {value[:20]!r} is not an integer"
+    score = int(value)
+    if not 0 <= score <= score_max:
+        return None, f"score {score} outside 0..{score_max}"
+    return score, None
+
+
+# ------------------------------------------------------------------------------------------ the judge
+class RubricJudge:
+    """Scores requests with an engine (`generate`, and `next_token_logprobs` for expected mode) + its tokenizer."""
+
+    def __init__(self, engine, mode: str = "expected", score_max: int = 9, max_prompt_tokens: int = 2048,
+                 max_new_tokens: int = 32, temperature: float = 0.0, seed: int = 0, tokenizer=None):
+        if mode not in ("expected", "text"):
+            raise ValueError(f"rewards.judge.mode must be 'expected' or 'text', got {mode!r}")
+        if not isinstance(score_max, int) or score_max < 1:
+            raise ValueError(f"rewards.judge.score_max must be an integer >= 1, got {score_max!r}")
+        self.engine, self.tok = engine, tokenizer or engine.tokenizer
+        self.score_max, self.max_prompt_tokens = score_max, int(max_prompt_tokens)
+        self.max_new_tokens, self.temperature, self.seed = int(max_new_tokens), float(temperature), int(seed)
+        if mode == "expected" and not callable(getattr(engine, "next_token_logprobs", None)):
+            logger.warning("judge engine %s has no next_token_logprobs: rewards.judge.mode falls back to 'text'",
+                           type(engine).__name__)
+            mode = "text"
+        self.mode = mode
+        if mode == "expected":
+            self.score_token_ids = self._score_tokens()
+        # Special-token strings inside untrusted text (question/response/criterion) would be parsed as real
+        # special tokens and could fake the chat structure; they are removed from those fields.
+        specials = {str(x) for x in self.tok.all_special_tokens}
+        specials |= {str(t.content) for t in getattr(self.tok, "added_tokens_decoder", {}).values()
+                     if getattr(t, "special", False)}
+        self._special = sorted((x for x in specials if x), key=len, reverse=True)
+
+    def _score_tokens(self) -> list[int]:
+        ids = []
+        for s in range(self.score_max + 1):
+            enc = self.tok.encode(str(s), add_special_tokens=False)
+            if len(enc) != 1:
+                raise ValueError(f"rewards.judge.mode=expected needs every score 0..{self.score_max} to be one token "
+                                 f"of the judge tokenizer, but {str(s)!r} -> {enc}; lower rewards.judge.score_max "
+                                 f"(9 is safe for most tokenizers) or use mode=text")
+            ids.append(enc[0])
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"rewards.judge: score tokens are not distinct: {ids}")
+        return ids
+
+    # -- prompts ---------------------------------------------------------------------------------------
+    def _defuse(self, text: str) -> str:
+        for s in self._special:
+            if s in text:
+                text = text.replace(s, "")
+        return text
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def render(self, question: str, response: str, criterion: str, retry: bool = False) -> str:
+        body = PROMPT.format(question=question, response=response, criterion=criterion, score_max=self.score_max)
+        body += EXPECTED_TAIL if self.mode == "expected" else TEXT_TAIL
+        if retry:
+            body += RETRY_TAIL.format(score_max=self.score_max)
+        # enable_thinking=False: a thinking judge (Qwen3 template) answers directly; other templates ignore it.
+        return self.tok.apply_chat_template([{"role": "user", "content": body}], tokenize=False,
+                                            add_generation_prompt=True, enable_thinking=False)
+
+    def _cut_middle(self, text: str, ids: list[int], keep: int) -> str:
+        """`text` (whose encoding is `ids`) with all but `keep` tokens removed from its middle."""
+        if len(ids) <= keep:
+            return text
+        head, tail = keep // 2, keep - keep // 2
+        return (self.tok.decode(ids[:head]) + f"\n[... {len(ids) - keep} tokens omitted ...]\n"
+                + self.tok.decode(ids[len(ids) - tail:]))
+
+    def fit(self, question: str, response: str, criteria: list[str]) -> tuple[str, str]:
+        """(question, response) cut so that every criterion's prompt fits max_prompt_tokens (the longest decides,
+        so all criteria of a sample share one prefix). Raises ValueError when even the minimum does not fit."""
+        longest = max(criteria, key=lambda c: len(self._encode(c)))
+        q_ids, r_ids = self._encode(question), self._encode(response)
+        keep_q, keep_r = len(q_ids), len(r_ids)
+        for _ in range(8):  # each round removes the measured excess; the marker's own tokens need a second round
+            q, r = self._cut_middle(question, q_ids, keep_q), self._cut_middle(response, r_ids, keep_r)
+            # Measured on the retry prompt, the longest variant, so a text-mode retry fits as well.
+            over = len(self._encode(self.render(q, r, longest, retry=True))) - self.max_prompt_tokens
+            if over <= 0:
+                return q, r
+            if keep_r > MIN_KEEP_TOKENS:
+                keep_r = max(keep_r - over - 4, MIN_KEEP_TOKENS)
+            elif keep_q > MIN_KEEP_TOKENS:
+                keep_q = max(keep_q - over - 4, MIN_KEEP_TOKENS)
+            else:
+                break
+        raise ValueError(f"judge prompt does not fit rewards.judge.max_prompt_tokens={self.max_prompt_tokens}")
+
+    # -- scoring ---------------------------------------------------------------------------------------
+    def score(self, requests: list[dict]) -> list[dict]:
+        results: list[dict] = [{"score": 0.0, "reason": None, "criteria": []} for _ in requests]
+        jobs: list[tuple[int, str, str, str]] = []  # (request index, question, response, criterion)
+        weights: list[list[float]] = []
+        for i, req in enumerate(requests):
+            try:
+                rubric = normalize_rubric(req.get("rubric"))
+                q, r = self._defuse(sanitize(req.get("question", ""))), self._defuse(sanitize(req.get("response", "")))
+                crits = [self._defuse(c) for c, _ in rubric]
+                q, r = self.fit(q, r, crits)
+            except ValueError as exc:
+                results[i]["reason"] = str(exc)
+                weights.append([])
+                continue
+            weights.append([w for _, w in rubric])
+            jobs.extend((i, q, r, c) for c in crits)
+        if jobs:
+            scores, reasons = (self._expected(jobs) if self.mode == "expected" else self._text(jobs))
+            per_req: dict[int, list[tuple[float, str | None]]] = {}
+            for (i, *_), s, why in zip(jobs, scores, reasons):
+                per_req.setdefault(i, []).append((s, why))
+            for i, items in per_req.items():
+                w = weights[i]
+                results[i]["criteria"] = [s for s, _ in items]
+                results[i]["score"] = float(min(max(sum(wi * s for wi, (s, _) in zip(w, items)) / sum(w), 0.0), 1.0))
+                bad = [f"criterion {k}: {why}" for k, (_, why) in enumerate(items) if why]
+                results[i]["reason"] = "; ".join(bad)[:500] if bad else None
+        return results
+
+    def _expected(self, jobs) -> tuple[list[float], list[None]]:
+        prompts = [self._encode(self.render(q, r, c)) for _, q, r, c in jobs]
+        logp = np.asarray(self.engine.next_token_logprobs(prompts, self.score_token_ids), dtype=np.float64)
+        return expected_scores(logp, self.score_max).tolist(), [None] * len(jobs)
+
+    def _generate_texts(self, prompts: list[list[int]]) -> list[str]:
+        from rollout.sampling import SamplingParams
+
+        sp = SamplingParams(n=1, temperature=self.temperature, top_p=1.0, top_k=0,
+                            max_new_tokens=self.max_new_tokens, seed=self.seed)
+        drop = {self.tok.eos_token, self.tok.pad_token} - {None}
+        out = []
+        for (g,) in self.engine.generate(prompts, sp):
+            # Keep <think> tags in the text so parse_score can drop the judge's own reasoning.
+            text = self.tok.decode(list(g.response_ids), skip_special_tokens=False)
+            for s in drop:
+                text = text.replace(s, "")
+            out.append(text)
+        return out
+
+    def _text(self, jobs) -> tuple[list[float], list[str | None]]:
+        texts = self._generate_texts([self._encode(self.render(q, r, c)) for _, q, r, c in jobs])
+        parsed = [parse_score(t, self.score_max) for t in texts]
+        failed = [k for k, (s, _) in enumerate(parsed) if s is None]
+        if failed:  # one retry, batched, with a reminder of the format in the prompt
+            retry = self._generate_texts([self._encode(self.render(*jobs[k][1:], retry=True)) for k in failed])
+            for k, t in zip(failed, retry):
+                s, why = parse_score(t, self.score_max)
+                parsed[k] = (s, None) if s is not None else (None, f"unparseable after retry ({why}): {t[:80]!r}")
+        return ([0.0 if s is None else s / self.score_max for s, _ in parsed], [why for _, why in parsed])
+
+
+def expected_scores(logp: np.ndarray, score_max: int) -> np.ndarray:
+    """[N, C] log-probs of the score tokens 0..score_max -> expected score / score_max, in [0, 1]."""
+    logp = np.asarray(logp, dtype=np.float64)
+    z = logp - logp.max(axis=1, keepdims=True)  # renormalise over the allowed tokens only (stable softmax)
+    p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+    return np.clip(p @ np.arange(logp.shape[1], dtype=np.float64) / score_max, 0.0, 1.0)
+
+
+# ------------------------------------------------------------------------------------------ building
+def build_judge(cfg: Mapping, model_path: str | None = None) -> RubricJudge:
+    """RubricJudge from the resolved config: `rewards.judge` + `rollout`/`model` as the engine's defaults.
+
+    Model: `rewards.judge.model`, else `model_path` (the driver's resolved policy path), else `model.path`.
+    The engine comes from `rollout.worker.make_engine`, so `rollout.engine` (or `rewards.judge.engine`) picks
+    vLLM on GPU and transformers on CPU, exactly like the rollout workers.
+    """
+    from rl.models import resolve_model_path
+    from rollout.worker import make_engine
+
+    j = judge_config(cfg.get("rewards"))
+    mcfg = dict(cfg.get("model") or {})
+    path = resolve_model_path(j["model"] or model_path or mcfg.get("path") or "embedded:tiny-moe")
+    rcfg = {"engine": "hf", "device": "auto", "max_batch_size": 64, "top_k": 0, **dict(cfg.get("rollout") or {})}
+    # An inherited `vllm` becomes `auto`: a judge actor without a GPU (rewards.judge.num_gpus=0) then runs on the
+    # transformers engine instead of failing; `rewards.judge.engine=vllm` insists on vLLM.
+    rcfg["engine"] = j["engine"] or ("auto" if rcfg["engine"] == "vllm" else rcfg["engine"])
+    rcfg["device"] = j["device"] or rcfg["device"]
+    rcfg["max_batch_size"] = int(j["batch_size"] or rcfg["max_batch_size"])
+    rcfg["enable_sleep_mode"] = False  # the judge keeps its weights; nothing syncs into it
+    rcfg["logprobs"] = 1  # vLLM: the judge needs no Keep-Sampling-Mask capture
+    if j["gpu_memory_utilization"]:
+        rcfg["gpu_memory_utilization"] = j["gpu_memory_utilization"]
+    mcfg["dtype"] = j["dtype"] or mcfg.get("dtype") or "float32"
+    mcfg.setdefault("attn_implementation", "sdpa")
+    engine = make_engine(rcfg, mcfg, path, record_routes=False, seed=int(cfg.get("seed") or 0))
+    judge = RubricJudge(engine, mode=j["mode"], score_max=int(j["score_max"]),
+                        max_prompt_tokens=int(j["max_prompt_tokens"]), max_new_tokens=int(j["max_new_tokens"]),
+                        temperature=float(j["temperature"]), seed=int(cfg.get("seed") or 0))
+    logger.info("rubric judge: %s (%s engine, mode %s)", path, type(engine).__name__, judge.mode)
+    return judge
+
+
+class JudgeWorker:
+    """Ray actor body: one judge model shared by every RewardWorker (they hold its handle)."""
+
+    def __init__(self, cfg: Mapping, model_path: str | None = None):
+        from .compose import to_plain
+
+        self.judge = build_judge(to_plain(cfg), model_path)
+
+    def ready(self) -> bool:
+        return True
+
+    def score(self, requests: list[dict]) -> list[dict]:
+        return self.judge.score(requests)

@@ -34,11 +34,20 @@ def timed(times: dict, name: str):
     times[f"time/{name}"] = time.perf_counter() - start
 
 
-def model_is_moe(model_path: str) -> bool:
+def model_is_moe(model_path: str, keep_routing) -> bool:
+    """Whether the policy is a mixture of experts; with Keep Routing wanted, also that its router is supported."""
     from transformers import AutoConfig
 
-    c = AutoConfig.from_pretrained(model_path)
-    return any((getattr(c, k, None) or 0) > 1 for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    from rl.config import ConfigError
+    from rl.routing import UnsupportedMoEError, moe_layer_indices
+
+    config = AutoConfig.from_pretrained(model_path)
+    try:
+        return moe_layer_indices(config) is not None
+    except UnsupportedMoEError as e:
+        if keep_routing is False:
+            return True  # an MoE we cannot replay, and the user turned replay off: fine
+        raise ConfigError(f"algorithm.keep_routing: {e} (set algorithm.keep_routing=false to train without it)") from e
 
 
 def assign_advantages(trajs: list[Trajectory], cfg: dict) -> None:
@@ -81,7 +90,7 @@ def train(cfg: dict) -> Path:
     validate(cfg)
     run_dir = Path(cfg["run_dir"]).resolve()
     model_path = resolve_model_path(cfg["model"]["path"])
-    resolve_auto(cfg, model_is_moe(model_path))
+    resolve_auto(cfg, model_is_moe(model_path, cfg["algorithm"]["keep_routing"]))
     tokenizer = load_tokenizer(model_path)
     from rewards.compose import NEEDED_FIELDS
 
@@ -123,9 +132,10 @@ def train(cfg: dict) -> Path:
             with timed(times, "reward"):
                 trajs = cluster.score(trajs)
             assign_advantages(trajs, cfg)
-            with timed(times, "ref"):
-                need_ref = [tr for tr in trajs if tr.kl_coef > 0]
-                if need_ref:  # skipped entirely when every sample's domain has kl_coef == 0
+            need_ref = [tr for tr in trajs if tr.kl_coef > 0]
+            times["time/ref"] = 0.0  # the reference is not run at all when every sample's kl_coef is 0
+            if need_ref:
+                with timed(times, "ref"):
                     for tr, lp in zip(need_ref, cluster.ref_logprobs(need_ref)):
                         tr.ref_logprobs = lp
             with timed(times, "train"):

@@ -1,8 +1,10 @@
 """The Ray side: a rollout worker that dies is replaced, re-synced with the latest weights, and its share
 retried; the step loses nothing."""
 
-import ray
+from pathlib import Path
+
 import pytest
+import ray
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -12,7 +14,8 @@ from rl.config import resolve_auto
 from rl.data import PromptMixture
 from rl.models import load_tokenizer
 from rollout.worker import RolloutWorker
-from tests.test_config_and_data import ROOT
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

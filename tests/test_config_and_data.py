@@ -125,3 +125,16 @@ def test_long_prompts_are_skipped(tiny_dense_path):
             {"math": {"weight": 1.0, "dataset": {"path": "bundled:math.jsonl", "columns": {"prompt": "question"}}}},
             tok, seed=5, max_prompt_tokens=3,
         ).next_batch(1)
+
+
+def test_unsupported_moe_with_keep_routing_fails_at_start(tmp_path, tiny_moe_path, tiny_dense_path):
+    from transformers import AutoConfig
+
+    from rl.driver import model_is_moe
+
+    AutoConfig.for_model("granitemoe", num_local_experts=4, num_experts_per_tok=2).save_pretrained(tmp_path)
+    for keep_routing in ("auto", True):
+        with pytest.raises(ConfigError, match=r"algorithm\.keep_routing.*granitemoe"):
+            model_is_moe(str(tmp_path), keep_routing)
+    assert model_is_moe(str(tmp_path), False) is True
+    assert model_is_moe(tiny_moe_path, "auto") is True and model_is_moe(tiny_dense_path, "auto") is False

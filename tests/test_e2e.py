@@ -61,6 +61,7 @@ def test_smoke_learn_raises_reward(tmp_path):
     last = sum(r["reward/mean"] for r in rows[-5:]) / 5
     print(f"smoke_learn reward: first 5 steps {first:.3f}, last 5 steps {last:.3f}")
     assert last > first + 0.1
+    assert all(r["time/ref"] == 0.0 and r["kl/digits"] is None for r in rows)  # kl_coef 0: no reference run
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 import copy
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,9 +13,10 @@ from omegaconf import OmegaConf
 from rl.config import resolve_auto
 from rl.data import PromptMixture
 from rollout.worker import RolloutWorker
-from tests.test_config_and_data import ROOT
 from trainer.policy import PolicyTrainer, split_micro
 from trainer.reference import ReferenceModel
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _port() -> int:

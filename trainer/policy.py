@@ -204,7 +204,7 @@ class PolicyTrainer:
 
     def send_weights(self, workers: list) -> dict:
         """Stream the current weights to `workers` (RolloutWorker handles); on every rank (ZeRO-3 gathers)."""
-        return self.weight_sender.send(getattr(self, "model", self.engine.module), workers)  # the HF model
+        return self.weight_sender.send(self.model, workers)  # the HF model, not the DeepSpeed wrapper
 
     # -- checkpoints ---------------------------------------------------------------------------------------
     def save(self, ckpt_dir: str, client_state: dict) -> None:

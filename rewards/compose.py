@@ -75,6 +75,56 @@ class _Result:
     failed: bool = False  # True: an error/timeout (warned per sample); False with a reason: an expected zero
 
 
+def build_domain_parts(domain: str, parts_cfg: Any, rewards_cfg: Mapping, max_new_tokens: int) -> list[Part]:
+    """Parse and check one domain's `rewards` list; ValueError names `domains.<d>.rewards[i]`."""
+    base = f"domains.{domain}.rewards"
+    if not isinstance(parts_cfg, list) or not parts_cfg:
+        raise ValueError(f"{base}: must be a non-empty list of {{name, weight, ...params}}")
+    parts, labels = [], set()
+    for i, raw in enumerate(parts_cfg):
+        where = f"{base}[{i}]"
+        if not isinstance(raw, Mapping) or "name" not in raw:
+            raise ValueError(f"{where}: must be a mapping with a 'name' (got {raw!r})")
+        name = raw["name"]
+        if name in RESERVED:
+            raise ValueError(f"{where}: reward '{name}' is reserved: {RESERVED[name]}")
+        if name not in REWARDS:
+            raise ValueError(f"{where}: unknown reward '{name}'; known: {sorted(REWARDS)}")
+        spec = REWARDS[name]
+        weight = raw.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ValueError(f"{where}: 'weight' must be a finite number, got {weight!r}")
+        section = rewards_cfg.get(name) or {}
+        defaults = {k: v for k, v in section.items() if k in spec.params} if isinstance(section, Mapping) else {}
+        params = validate_params(spec, {**defaults, **dict(raw)}, where)
+        if spec.cross_check is not None:
+            try:
+                spec.cross_check(params, max_new_tokens)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+        timeout_s = raw.get("timeout_s", section.get("timeout_s") if isinstance(section, Mapping) else None)
+        timeout_s = float(timeout_s if timeout_s is not None else rewards_cfg.get("timeout_s", 30.0))
+        if not timeout_s > 0:
+            raise ValueError(f"{where}: 'timeout_s' must be > 0")
+        isolated = raw.get("isolated", False)
+        if not isinstance(isolated, bool):
+            raise ValueError(f"{where}: 'isolated' must be a bool")
+        runner = "pool" if isolated and spec.runner == "inline" else spec.runner
+        label = str(raw.get("label", name))
+        if label in labels:
+            raise ValueError(f"{where}: a second '{label}' part in domain '{domain}': give it a distinct 'label'")
+        labels.add(label)
+        parts.append(Part(label, name, spec, float(weight), params, timeout_s, runner, where))
+    return parts
+
+
+def check_reward_specs(domains_cfg: Mapping[str, Any], rewards_cfg: Mapping, max_new_tokens: int) -> None:
+    """The driver's start-up check of every domain's rewards (no pools or judge started)."""
+    for domain, block in (to_plain(domains_cfg) or {}).items():
+        build_domain_parts(domain, block.get("rewards") if isinstance(block, Mapping) else block,
+                           dict(to_plain(rewards_cfg) or {}), int(max_new_tokens or 0))
+
+
 class RewardComposer:
     def __init__(self, domains_cfg: Mapping[str, Any], rewards_cfg: Mapping | None = None, max_new_tokens: int = 0,
                  judge: Any = None):
@@ -108,45 +158,7 @@ class RewardComposer:
 
     # --------------------------------------------------------------------------------------------- building
     def _build_domain(self, domain: str, parts_cfg: Any) -> list[Part]:
-        base = f"domains.{domain}.rewards"
-        if not isinstance(parts_cfg, list) or not parts_cfg:
-            raise ValueError(f"{base}: must be a non-empty list of {{name, weight, ...params}}")
-        parts, labels = [], set()
-        for i, raw in enumerate(parts_cfg):
-            where = f"{base}[{i}]"
-            if not isinstance(raw, Mapping) or "name" not in raw:
-                raise ValueError(f"{where}: must be a mapping with a 'name' (got {raw!r})")
-            name = raw["name"]
-            if name in RESERVED:
-                raise ValueError(f"{where}: reward '{name}' is reserved: {RESERVED[name]}")
-            if name not in REWARDS:
-                raise ValueError(f"{where}: unknown reward '{name}'; known: {sorted(REWARDS)}")
-            spec = REWARDS[name]
-            weight = raw.get("weight", 1.0)
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-                raise ValueError(f"{where}: 'weight' must be a finite number, got {weight!r}")
-            section = self.rewards_cfg.get(name) or {}
-            defaults = {k: v for k, v in section.items() if k in spec.params} if isinstance(section, Mapping) else {}
-            params = validate_params(spec, {**defaults, **dict(raw)}, where)
-            if spec.cross_check is not None:
-                try:
-                    spec.cross_check(params, self.max_new_tokens)
-                except ValueError as exc:
-                    raise ValueError(f"{where}: {exc}") from None
-            timeout_s = raw.get("timeout_s", section.get("timeout_s") if isinstance(section, Mapping) else None)
-            timeout_s = float(timeout_s if timeout_s is not None else self.rewards_cfg.get("timeout_s", 30.0))
-            if not timeout_s > 0:
-                raise ValueError(f"{where}: 'timeout_s' must be > 0")
-            isolated = raw.get("isolated", False)
-            if not isinstance(isolated, bool):
-                raise ValueError(f"{where}: 'isolated' must be a bool")
-            runner = "pool" if isolated and spec.runner == "inline" else spec.runner
-            label = str(raw.get("label", name))
-            if label in labels:
-                raise ValueError(f"{where}: a second '{label}' part in domain '{domain}': give it a distinct 'label'")
-            labels.add(label)
-            parts.append(Part(label, name, spec, float(weight), params, timeout_s, runner, where))
-        return parts
+        return build_domain_parts(domain, parts_cfg, self.rewards_cfg, self.max_new_tokens)
 
     # ---------------------------------------------------------------------------------------------- scoring
     def ready(self) -> bool:
@@ -164,9 +176,10 @@ class RewardComposer:
         jobs: dict[str, list[tuple[int, int, SampleView]]] = defaultdict(list)  # runner -> (traj, part, view)
         results: dict[tuple[int, int], _Result] = {}
         for ti, t in enumerate(trajs):
-            t.reward, t.reward_parts, t.reward_error = 0.0, {}, None
+            t.reward, t.reward_parts, t.reward_error, t.reward_failed = 0.0, {}, None, False
             parts = self.domains.get(t.domain)
             if parts is None:
+                t.reward_failed = True
                 t.reward_error = f"unknown domain {t.domain!r} (configured: {sorted(self.domains)})"
                 logger.warning("reward: sample %s: %s", t.uid, t.reward_error)
                 continue
@@ -176,6 +189,7 @@ class RewardComposer:
             if missing:
                 t.reward_parts = {p.label: 0.0 for p in parts}
                 t.reward_error = "sample is missing " + ", ".join(missing)
+                t.reward_failed = True
                 logger.warning("reward: sample %s (%s): %s", t.uid, t.domain, t.reward_error)
                 continue
             for pi, p in enumerate(parts):
@@ -338,6 +352,7 @@ class RewardComposer:
             total, errors = 0.0, []
             for pi, p in enumerate(parts):
                 r = results.get((ti, pi), _Result(0.0, "not run", failed=True))
+                t.reward_failed |= r.failed
                 t.reward_parts[p.label] = r.value
                 total += p.weight * r.value
                 if r.reason is not None:

@@ -10,6 +10,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from rl.losses import AGGREGATIONS
+
 
 class ConfigError(ValueError):
     """A config value is wrong; the message starts with the dotted key."""
@@ -17,7 +19,7 @@ class ConfigError(ValueError):
 
 DOMAIN_KEYS = {"weight", "dataset", "kl_coef", "opsm_delta", "rewards"}
 DATASET_KEYS = {"path", "name", "split", "columns", "system_prompt", "data_files"}
-AGGREGATIONS = {"seq_mean_token_mean", "token_mean", "seq_mean_token_sum"}
+ENGINES = {"hf", "vllm", "auto"}
 AUTO_BOOL = {"auto", True, False}
 LOGGER_MODES = {"auto", "online", "offline", "disabled"}
 
@@ -60,7 +62,7 @@ def validate_domains(domains: Any) -> None:
             raise ConfigError(f"{path}.{sorted(unknown)[0]}: unknown key; allowed: {sorted(DOMAIN_KEYS)}")
         _num(d, "weight", path, lo=0, lo_open=True)
         _num(d, "kl_coef", path, lo=0)
-        _num(d, "opsm_delta", path, lo=0, optional=True)
+        _num(d, "opsm_delta", path, lo=0, optional=True)  # absent = null = off
         ds = d.get("dataset")
         if not isinstance(ds, Mapping) or not ds.get("path"):
             raise ConfigError(f"{path}.dataset.path is required (a local file/dir, bundled:<file>, or a hub name)")
@@ -84,7 +86,10 @@ def validate(cfg: Mapping) -> None:
     validate_domains(cfg.get("domains"))
     r, t, a, data = cfg["rollout"], cfg["trainer"], cfg["algorithm"], cfg["data"]
     _num(r, "n_samples", "rollout", lo=1, integer=True)
-    _num(r, "temperature", "rollout", lo=0)
+    _choice(r, "engine", "rollout", ENGINES)
+    if _num(r, "temperature", "rollout", lo=0) and r["temperature"] < 1e-5:
+        # vLLM treats such temperatures as greedy (plain logprobs) while the trainer would divide by them
+        raise ConfigError(f"rollout.temperature must be 0 (greedy) or >= 1e-5, got {r['temperature']}")
     _num(r, "top_p", "rollout", lo=0, lo_open=True, hi=1)
     _num(r, "top_k", "rollout", lo=0, integer=True)
     _num(r, "max_new_tokens", "rollout", lo=1, integer=True)
@@ -94,11 +99,15 @@ def validate(cfg: Mapping) -> None:
     for key in ("total_steps", "num_processes", "micro_batch_size", "mini_batches"):
         _num(t, key, "trainer", lo=1, integer=True)
     _num(t, "save_every", "trainer", lo=0, integer=True)
+    _num(t, "keep_checkpoints", "trainer", lo=0, integer=True)
+    _num(t, "warmup_steps", "trainer", lo=0, integer=True)
+    _num(t, "logprob_chunk_size", "trainer", lo=1, integer=True)
+    _num(t, "grad_clip", "trainer", lo=0)
     _num(t, "lr", "trainer", lo=0)
     _choice(t, "zero_stage", "trainer", {0, 1, 2, 3})
     _num(a, "clip_eps_low", "algorithm", lo=0, hi=1)
     _num(a, "clip_eps_high", "algorithm", lo=0)
-    _choice(a, "loss_aggregation", "algorithm", AGGREGATIONS)
+    _choice(a, "loss_aggregation", "algorithm", set(AGGREGATIONS))
     for key in ("keep_sampling_mask", "keep_routing"):
         _choice(a, key, "algorithm", AUTO_BOOL)
     _choice(cfg["logger"], "mode", "logger", LOGGER_MODES)
@@ -121,3 +130,9 @@ def resolve_auto(cfg: dict, is_moe: bool) -> dict:
     if a["keep_routing"] and not is_moe:
         raise ConfigError("algorithm.keep_routing=true but the policy is not a mixture-of-experts model")
     return cfg
+
+
+def logprob_temperature(rcfg: dict) -> float:
+    """The temperature the trainer divides logits by: the sampling one, or 1 for greedy (temperature 0), whose
+    reported logprobs are the plain ones in both engines."""
+    return float(rcfg["temperature"]) or 1.0

@@ -144,10 +144,15 @@ class PromptMixture:
         return batch
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "cursor": {d: list(c) for d, c in self.cursor.items()}}
+        return {
+            "step": self.step,
+            "cursor": {d: list(c) for d, c in self.cursor.items()},
+            "skipped_too_long": self.skipped_too_long,
+        }
 
     def load_state_dict(self, state: Mapping) -> None:
         self.step = int(state["step"])
+        self.skipped_too_long = int(state.get("skipped_too_long", 0))
         for d, c in state["cursor"].items():
             if d in self.cursor:
                 self.cursor[d] = [int(c[0]), int(c[1])]

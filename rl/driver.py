@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rl.config import resolve_auto, validate
+from rl.config import ConfigError, resolve_auto, validate
 from rl.data import PromptMixture
 from rl.losses import grpo_advantages
 from rl.metrics import rollout_metrics, trainer_metrics
@@ -38,7 +38,6 @@ def model_is_moe(model_path: str, keep_routing) -> bool:
     """Whether the policy is a mixture of experts; with Keep Routing wanted, also that its router is supported."""
     from transformers import AutoConfig
 
-    from rl.config import ConfigError
     from rl.routing import UnsupportedMoEError, moe_layer_indices
 
     config = AutoConfig.from_pretrained(model_path)
@@ -51,15 +50,19 @@ def model_is_moe(model_path: str, keep_routing) -> bool:
 
 
 def assign_advantages(trajs: list[Trajectory], cfg: dict) -> None:
-    groups = {g: i for i, g in enumerate(dict.fromkeys(t.group_id for t in trajs))}
+    """GRPO advantages per group; samples whose reward failed (not an expected zero) get 0 and no say in the
+    group baseline."""
+    scored = [t for t in trajs if not t.reward_failed]
+    groups = {g: i for i, g in enumerate(dict.fromkeys(t.group_id for t in scored))}
     adv = grpo_advantages(
-        torch.tensor([t.reward for t in trajs], dtype=torch.float64),
-        torch.tensor([groups[t.group_id] for t in trajs]),
+        torch.tensor([t.reward for t in scored], dtype=torch.float64),
+        torch.tensor([groups[t.group_id] for t in scored], dtype=torch.long),
         normalize_std=bool(cfg["algorithm"]["normalize_adv_std"]),
-    )
-    for t, a in zip(trajs, adv.tolist()):
+    ) if scored else torch.zeros(0)
+    by_uid = dict(zip((t.uid for t in scored), adv.tolist()))
+    for t in trajs:
         d = cfg["domains"][t.domain]
-        t.advantage, t.kl_coef, t.opsm_delta = a, float(d["kl_coef"]), d["opsm_delta"]
+        t.advantage, t.kl_coef, t.opsm_delta = by_uid.get(t.uid, 0.0), float(d["kl_coef"]), d.get("opsm_delta")
 
 
 def make_minibatches(trajs: list[Trajectory], n: int, seed: int, step: int) -> list[list[Trajectory]]:
@@ -72,13 +75,39 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
+def find_resume(resume, run_dir: Path) -> Path | None:
+    """The checkpoint to start from (`trainer.resume`: null | auto | a path); refuses to overwrite a run."""
+    latest = latest_checkpoint(run_dir)
+    if resume is None:
+        if latest is not None:
+            raise ConfigError(
+                f"trainer.resume: run_dir={run_dir} already has checkpoints (newest {latest.name}); pass "
+                "trainer.resume=auto to continue that run, or choose another run_dir"
+            )
+        return None
+    if resume == "auto":
+        if latest is None:
+            log.warning("trainer.resume=auto: no checkpoint in %s, starting from step 1", run_dir)
+        return latest
+    path = Path(resume)
+    if not (path / "COMPLETE").exists() or not (path / "state.json").exists():
+        raise ConfigError(f"trainer.resume={resume}: not a complete checkpoint (no COMPLETE / state.json)")
+    return path
+
+
 def save_checkpoint(cluster, mixture: PromptMixture, run_dir: Path, step: int, keep: int) -> None:
-    ckpt = run_dir / "checkpoints" / f"step_{step:06d}"
+    """Written to a temporary folder and renamed when complete: a crash mid-save never leaves a checkpoint that
+    resume would take. Shared storage is assumed when trainer ranks run on several nodes."""
+    root = run_dir / "checkpoints"
+    final, tmp = root / f"step_{step:06d}", root / f".step_{step:06d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
     state = {"step": step, "data": mixture.state_dict()}
-    cluster.save(str(ckpt), state)
-    (ckpt / "state.json").write_text(json.dumps(state))
-    (ckpt / "COMPLETE").touch()  # written last: a checkpoint without it is ignored by resume
-    old = sorted(p.parent for p in (run_dir / "checkpoints").glob("step_*/COMPLETE"))[:-keep] if keep > 0 else []
+    cluster.save(str(tmp), state)
+    (tmp / "state.json").write_text(json.dumps(state))
+    (tmp / "COMPLETE").touch()
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    old = sorted(p.parent for p in root.glob("step_*/COMPLETE"))[:-keep] if keep > 0 else []
     for p in old:
         shutil.rmtree(p, ignore_errors=True)
 
@@ -88,12 +117,16 @@ def train(cfg: dict) -> Path:
     from rl.cluster import Cluster, start_ray
 
     validate(cfg)
+    from rewards.compose import NEEDED_FIELDS, check_reward_specs
+
+    try:
+        check_reward_specs(cfg["domains"], cfg["rewards"], cfg["rollout"]["max_new_tokens"])
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     run_dir = Path(cfg["run_dir"]).resolve()
     model_path = resolve_model_path(cfg["model"]["path"])
     resolve_auto(cfg, model_is_moe(model_path, cfg["algorithm"]["keep_routing"]))
     tokenizer = load_tokenizer(model_path)
-    from rewards.compose import NEEDED_FIELDS
-
     def required_fields(specs) -> set[str]:  # dataset fields the domain's rewards read (answer, tests, ...)
         return {f for spec in specs for f in NEEDED_FIELDS.get(spec["name"], ())}
 
@@ -106,8 +139,7 @@ def train(cfg: dict) -> Path:
         required_fields={d: required_fields(spec["rewards"]) for d, spec in cfg["domains"].items()},
     )
     t, P = cfg["trainer"], int(cfg["data"]["prompts_per_step"])
-    resume = t["resume"]
-    ckpt = latest_checkpoint(run_dir) if resume == "auto" else (Path(resume) if resume else None)
+    ckpt = find_resume(t["resume"], run_dir)
     start_ray(cfg["ray"])
     cluster = Cluster(cfg, model_path)
     start = 0

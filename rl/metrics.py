@@ -17,7 +17,8 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     m: dict[str, float] = {
         "reward/mean": _mean([t.reward for t in trajs]),
         "reward/std": float(np.std([t.reward for t in trajs])) if trajs else 0.0,
-        "reward/error_frac": _mean([t.reward_error is not None for t in trajs]),
+        "reward/with_reason_frac": _mean([t.reward_error is not None for t in trajs]),  # failures + expected zeros
+        "reward/failed_frac": _mean([t.reward_failed for t in trajs]),  # errors/timeouts: trained with advantage 0
         "response_length/mean": _mean([t.num_response_tokens for t in trajs]),
         "response_length/max": float(max((t.num_response_tokens for t in trajs), default=0)),
         "response_length/truncated_frac": _mean([t.finish_reason == "length" for t in trajs]),

@@ -57,7 +57,13 @@ class Tracker:
 
     def _truncate_after(self, start_step: int) -> None:
         """On resume, drop lines of steps after the checkpoint (they are about to be redone)."""
-        keep = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= start_step]
+        keep = []
+        for ln in self.path.read_text().splitlines():
+            try:
+                if json.loads(ln)["step"] <= start_step:
+                    keep.append(ln)
+            except (ValueError, KeyError, TypeError):  # a line torn by a crash mid-write
+                continue
         self.path.write_text("".join(k + "\n" for k in keep))
 
     def log(self, metrics: dict) -> None:

@@ -44,7 +44,10 @@ class Trajectory:
     ref_logprobs: np.ndarray | None = None  # float32 [R]; reference policy, filled only when kl_coef > 0
     reward: float = 0.0
     reward_parts: dict[str, float] = field(default_factory=dict)
-    reward_error: str | None = None
+    reward_error: str | None = None  # why a part scored 0: an expected zero (no code block...) or a failure
+    # A part raised or timed out (not an expected zero): the sample keeps reward 0 for the logs but gets advantage
+    # 0 and stays out of its group's baseline, so nobody's answer is pushed down for a reward that never ran.
+    reward_failed: bool = False
     advantage: float = 0.0
     kl_coef: float = 0.0  # this sample's domain KL strength (domains.<d>.kl_coef)
     opsm_delta: float | None = None  # this sample's domain OPSM threshold (domains.<d>.opsm_delta), None = off
@@ -58,8 +61,16 @@ class Trajectory:
                 f"trajectory {self.uid}: {len(self.sampling_logprobs)} sampling logprobs for "
                 f"{len(self.response_ids)} response tokens"
             )
-        if self.mask_offsets is not None and len(self.mask_offsets) != len(self.response_ids) + 1:
-            raise ValueError(f"trajectory {self.uid}: mask_offsets must have len(response_ids) + 1 entries")
+        if (self.mask_offsets is None) != (self.mask_ids is None):
+            raise ValueError(f"trajectory {self.uid}: mask_ids and mask_offsets come together")
+        if self.mask_offsets is not None:
+            offsets = np.asarray(self.mask_offsets)
+            if len(offsets) != len(self.response_ids) + 1 or offsets[0] != 0 or (np.diff(offsets) < 0).any():
+                raise ValueError(f"trajectory {self.uid}: mask_offsets must be non-decreasing from 0 with len(response_ids) + 1 entries")
+            if offsets[-1] != len(self.mask_ids):
+                raise ValueError(f"trajectory {self.uid}: mask_offsets[-1]={offsets[-1]} but {len(self.mask_ids)} mask_ids")
+        if self.loss_mask is not None and len(self.loss_mask) != len(self.response_ids):
+            raise ValueError(f"trajectory {self.uid}: loss_mask must have one entry per response token")
         if self.routed_experts is not None:
             expect = len(self.prompt_ids) + len(self.response_ids) - 1
             if self.routed_experts.shape[0] != expect:
@@ -130,21 +141,16 @@ def collate(trajs: list[Trajectory], pad_id: int) -> TrainBatch:
         seq_index.append(torch.full((R,), i, dtype=torch.long))
     cat = lambda xs, dtype: torch.from_numpy(np.concatenate(xs).astype(dtype)) if xs else torch.empty(0)  # noqa: E731
 
-    has_mask = any(t.mask_offsets is not None for t in trajs)
     mask_ids = mask_offsets = None
-    if has_mask:
-        # A sample without a recorded set (e.g. greedy) keeps just its sampled token at every position.
-        ids_parts, lens = [], []
-        for t in trajs:
-            if t.mask_offsets is None:
-                ids_parts.append(t.response_ids.astype(np.int32))
-                lens.append(np.ones(len(t.response_ids), dtype=np.int64))
-            else:
-                ids_parts.append(np.asarray(t.mask_ids, dtype=np.int32))
-                lens.append(np.diff(np.asarray(t.mask_offsets, dtype=np.int64)))
-        mask_ids = torch.from_numpy(np.concatenate(ids_parts).astype(np.int32))
-        all_lens = np.concatenate(lens)
-        mask_offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(all_lens)]).astype(np.int64))
+    with_mask = [t.mask_offsets is not None for t in trajs]
+    if any(with_mask):
+        # "No kept set" means the full vocabulary; a batch mixing both would need a full-vocabulary row per
+        # position, so the engines record sets for all samples of a step or for none.
+        if not all(with_mask):
+            raise ValueError("some trajectories of a batch carry a sampling mask (mask_ids) and some do not")
+        mask_ids = torch.from_numpy(np.concatenate([np.asarray(t.mask_ids, dtype=np.int32) for t in trajs]))
+        lens = np.concatenate([np.diff(np.asarray(t.mask_offsets, dtype=np.int64)) for t in trajs])
+        mask_offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
 
     routed = route_valid = None
     if any(t.routed_experts is not None for t in trajs):

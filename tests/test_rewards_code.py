@@ -28,14 +28,16 @@ def traj(program, tests, uid="u", fence="python"):
 
 
 def sandbox_leftovers() -> list:
-    """Processes still running sandboxed code: guard processes, or any process of a sandbox uid."""
+    """Processes still running sandboxed code of THIS checkout (another checkout's test run may be going on):
+    guard processes and their forks (they keep the guard's command line, exec is blocked)."""
+    guard = str(Path(__file__).resolve().parents[1] / "rewards" / "sandbox_guard.py")
     left = []
     for p in psutil.process_iter(["pid", "cmdline", "uids", "status"]):
         try:
             if p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             cmd = " ".join(p.info["cmdline"] or [])
-            if "sandbox_guard" in cmd or 60000 <= p.info["uids"].real < 64096 + 60000:
+            if guard in cmd:
                 left.append((p.pid, cmd[:80]))
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from rl.losses import grpo_loss
+from rl.config import logprob_temperature
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
 from trainer.forward import PolicyForward, route_replay
@@ -72,11 +73,13 @@ def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int) -
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-    if int(tcfg["warmup_steps"]) > 0:  # otherwise a constant LR (DeepSpeed's WarmupLR would start at 0)
+    warmup = int(tcfg["warmup_steps"])
+    if warmup > 0:  # otherwise a constant LR
+        # DeepSpeed's WarmupLR gives min_lr to the first optimizer step; lr/W makes it lr/W, 2lr/W, ... -> lr.
         config["scheduler"] = {
             "type": "WarmupLR",
             "params": {
-                "warmup_min_lr": 0.0,
+                "warmup_min_lr": float(tcfg["lr"]) / warmup,
                 "warmup_max_lr": float(tcfg["lr"]),
                 "warmup_num_steps": int(tcfg["warmup_steps"]),
                 "warmup_type": "linear",
@@ -135,7 +138,7 @@ class PolicyTrainer:
                 with route_replay(self.model, batch, self.keep_routing) as replay:
                     logprobs, entropy = self.engine(
                         batch,
-                        temperature=float(self.cfg["rollout"]["temperature"]) or 1.0,
+                        temperature=logprob_temperature(self.cfg["rollout"]),
                         keep_sampling_mask=bool(acfg["keep_sampling_mask"]),
                         chunk_size=int(tcfg["logprob_chunk_size"]),
                         with_entropy=True,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rl.config import logprob_temperature
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
 from trainer.forward import forward_logprobs, route_replay
@@ -46,7 +47,7 @@ class ReferenceModel:
                 res = forward_logprobs(
                     self.model,
                     batch,
-                    temperature=float(self.cfg["rollout"]["temperature"]) or 1.0,
+                    temperature=logprob_temperature(self.cfg["rollout"]),
                     keep_sampling_mask=bool(acfg["keep_sampling_mask"]),
                     chunk_size=int(tcfg["logprob_chunk_size"]),
                 )

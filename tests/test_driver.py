@@ -1,0 +1,78 @@
+"""Driver pieces that need no cluster: advantages with failed rewards, resume selection, start-up checks."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rl.config import ConfigError
+from rl.driver import assign_advantages, find_resume
+from rl.trajectory import Trajectory, collate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _traj(uid, group, reward, failed=False, **kw):
+    t = Trajectory(uid=uid, group_id=group, domain="math", prompt_ids=[1, 2], response_ids=[3, 4],
+                   sampling_logprobs=[-1.0, -1.0], **kw)
+    t.reward, t.reward_failed = reward, failed
+    return t
+
+
+def test_failed_rewards_get_no_advantage_and_no_say_in_the_baseline():
+    cfg = {"algorithm": {"normalize_adv_std": False}, "domains": {"math": {"kl_coef": 0.1}}}
+    trajs = [_traj("a", "g", 1.0), _traj("b", "g", 0.0), _traj("c", "g", 0.0, failed=True), _traj("d", "h", 0.5)]
+    assign_advantages(trajs, cfg)
+    assert [t.advantage for t in trajs] == [0.5, -0.5, 0.0, 0.0]  # group g's mean is over a and b only
+    assert all(t.kl_coef == 0.1 and t.opsm_delta is None for t in trajs)  # opsm_delta absent = off
+
+
+def _checkpoint(root: Path, step: int) -> Path:
+    p = root / "checkpoints" / f"step_{step:06d}"
+    p.mkdir(parents=True)
+    (p / "state.json").write_text("{}")
+    (p / "COMPLETE").touch()
+    return p
+
+
+def test_resume_selection(tmp_path):
+    assert find_resume(None, tmp_path) is None and find_resume("auto", tmp_path) is None
+    _checkpoint(tmp_path, 2)
+    newest = _checkpoint(tmp_path, 10)
+    (tmp_path / "checkpoints" / "step_000012").mkdir()  # a save that never completed
+    assert find_resume("auto", tmp_path) == newest
+    with pytest.raises(ConfigError, match=r"trainer\.resume.*already has checkpoints"):
+        find_resume(None, tmp_path)  # a fresh run must not overwrite (and later resume into) another run
+    with pytest.raises(ConfigError, match=r"trainer\.resume=.*not a complete checkpoint"):
+        find_resume(str(tmp_path / "checkpoints" / "step_000012"), tmp_path)
+
+
+def test_collate_rejects_mixed_masks_and_trajectory_checks_csr():
+    masked = _traj("a", "g", 0.0, mask_ids=np.array([3, 7, 4], dtype=np.int32), mask_offsets=np.array([0, 2, 3]))
+    with pytest.raises(ValueError, match="sampling mask"):
+        collate([masked, _traj("b", "g", 0.0)], pad_id=0)
+    with pytest.raises(ValueError, match="mask_offsets"):
+        _traj("c", "g", 0.0, mask_ids=np.array([3, 4], dtype=np.int32), mask_offsets=np.array([0, 2, 3]))
+    with pytest.raises(ValueError, match="loss_mask"):
+        _traj("d", "g", 0.0, loss_mask=np.array([1]))
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("domains.math.rewards=[{name: maths, weight: 1.0}]", r"domains\.math\.rewards\[0\].*unknown reward"),
+        ("rollout.engine=vlm", r"rollout\.engine"),
+        ("trainer.resume=/nonexistent/ckpt", r"trainer\.resume"),
+    ],
+)
+def test_cli_start_up_errors(override, key, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.train", "+experiment=mixed_rl", override, "logger.mode=disabled",
+         f"run_dir={tmp_path / 'run'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+

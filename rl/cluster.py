@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from rl.trajectory import Trajectory
 
@@ -50,15 +50,23 @@ def _split(items: list, n: int) -> list[list]:
 
 
 class ActorPool:
-    """Stateless workers of one class; a worker that dies is recreated and its share retried once."""
+    """Stateless workers of one class; a worker that dies or exceeds `timeout_s` on a call is replaced and its
+    share retried once (a second failure ends the run with the reason)."""
 
     def __init__(self, name: str, factory: Callable[[int], ray.actor.ActorHandle], size: int,
-                 on_restart: Callable[[ray.actor.ActorHandle], None] | None = None):
-        self.name, self.factory, self.on_restart = name, factory, on_restart
+                 on_restart: Callable[[ray.actor.ActorHandle], None] | None = None, timeout_s: float | None = None):
+        self.name, self.factory, self.on_restart, self.timeout_s = name, factory, on_restart, timeout_s
         self.actors = [factory(i) for i in range(size)]
 
     def wait_ready(self) -> None:
         ray.get([a.ready.remote() for a in self.actors])
+
+    def _replace(self, i: int) -> None:
+        ray.kill(self.actors[i])  # a hung actor would otherwise keep its CPUs/GPU
+        self.actors[i] = self.factory(i)
+        ray.get(self.actors[i].ready.remote())
+        if self.on_restart is not None:
+            self.on_restart(self.actors[i])
 
     def map(self, method: str, items: list, *args) -> list:
         """Split items across the workers, call `method(share, *args)`, concatenate results in order."""
@@ -69,14 +77,18 @@ class ActorPool:
             if ref is None:
                 continue
             try:
-                out.extend(ray.get(ref))
-            except RayActorError as e:
-                log.error("%s worker %d died (%s); restarting it and retrying its %d items", self.name, i, e, len(share))
-                self.actors[i] = self.factory(i)
-                ray.get(self.actors[i].ready.remote())
-                if self.on_restart is not None:
-                    self.on_restart(self.actors[i])
-                out.extend(ray.get(getattr(self.actors[i], method).remote(share, *args)))
+                out.extend(ray.get(ref, timeout=self.timeout_s))
+            except (RayActorError, GetTimeoutError) as e:
+                what = "timed out" if isinstance(e, GetTimeoutError) else f"died ({e})"
+                log.error("%s worker %d %s; replacing it and retrying its %d items", self.name, i, what, len(share))
+                self._replace(i)
+                try:
+                    out.extend(ray.get(getattr(self.actors[i], method).remote(share, *args), timeout=self.timeout_s))
+                except GetTimeoutError:
+                    raise RuntimeError(
+                        f"{self.name} worker {i}: {method} exceeded {self.timeout_s}s twice; raise the timeout "
+                        f"({self.name} timeout_s) or look for a hang (checkpoints are in run_dir)"
+                    ) from None
         return out
 
 
@@ -100,6 +112,7 @@ class Cluster:
             lambda i: rollout_cls.options(**self._bundle(i)).remote(cfg, model_path, i),
             int(r["num_workers"]),
             on_restart=self._reload_worker,
+            timeout_s=r.get("timeout_s"),
         )
         if r["engine"] != "hf":
             self.rollout.wait_ready()  # vLLM profiles GPU memory at start: start it before the trainers allocate
@@ -112,8 +125,10 @@ class Cluster:
             judge_cls = ray.remote(num_cpus=jc["num_cpus"], num_gpus=jc["num_gpus"], max_restarts=3)(JudgeWorker)
             self.judge = judge_cls.remote(cfg, model_path)  # rewards.judge.model null -> the policy's model_path
         reward_cls = ray.remote(num_cpus=rw["actor_num_cpus"])(RewardWorker)
-        self.rewards = ActorPool("reward", lambda i: reward_cls.remote(cfg, judge=self.judge),
-                                 int(rw["num_actors"]))
+        self.rewards = ActorPool(
+            "reward", lambda i: reward_cls.remote(cfg, judge=self.judge), int(rw["num_actors"]),
+            timeout_s=rw.get("actor_timeout_s"),
+        )
         n = int(t["num_processes"])
         port = _free_port()
         trainer_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["num_gpus"])(PolicyTrainer)

@@ -27,7 +27,8 @@ class Trajectory:
     response_ids: np.ndarray  # int32 [R]; multi-turn: everything after the first prompt, tool output included
     sampling_logprobs: np.ndarray  # float32 [R]; the engine's processed logprob of each response token
     finish_reason: str = "stop"  # "stop" (EOS/stop token) | "length" (hit max_new_tokens)
-    # Multi-turn: 1 where the policy generated the token, 0 for tool/environment tokens. None = all generated.
+    # 1 for tokens the loss is taken over: 0 for tool/environment tokens (multi-turn) and for positions whose kept
+    # set the engine could not record completely (vLLM top-K cut; see rollout/vllm_engine.py). None = all 1.
     loss_mask: np.ndarray | None = None
     # Keep Sampling Mask as CSR over response positions: ids kept by top-k/top-p at position j are
     # mask_ids[mask_offsets[j]:mask_offsets[j+1]]. None = full vocabulary (no truncation at sampling).

@@ -27,6 +27,7 @@ class Generation:
     mask_offsets: np.ndarray | None = None  # int64 [R + 1]
     routed_experts: np.ndarray | None = None  # [P + R - 1, L, K]
     mask_truncated: int = 0  # positions whose kept set may be cut (vLLM top-K recovery); 0 for this engine
+    loss_mask: np.ndarray | None = None  # float32 [R]: 0 drops a position from the loss (vLLM: cut kept sets)
 
 
 class HFEngine:

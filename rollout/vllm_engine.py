@@ -7,7 +7,9 @@ decode the top-K logprob tokens either). What the trainer needs, per response to
 - the kept set (Keep Sampling Mask, CSR): vLLM 0.26 has no mask output, so it is recovered as the finite entries of
   the top-K processed logprobs (`SamplingParams(logprobs=K, flat_logprobs=True)`, K >= top_k). When the K-th entry
   is still finite the set may be cut (top_k > K, top-p only, or ties at the top-k threshold): such positions are
-  counted in `Generation.mask_truncated`. K defaults to top_k + 1, so a cut is flagged only when it can happen;
+  counted in `Generation.mask_truncated` and left out of the loss (`Generation.loss_mask` 0 there), since the
+  trainer cannot rebuild pi_old's normaliser from a cut set. K defaults to top_k + 1, so a cut is flagged only
+  when it can happen (with top-p alone, raise `rollout.logprobs` until `rollout/mask_truncated_frac` is ~0);
 - the MoE routes (Keep Routing): `LLM(enable_return_routed_experts=True)`; rows of dense layers are zeroed using
   the config (`rl.routing.moe_layer_indices`), since 0 is also a valid expert id.
 The flat logprobs are converted with numpy only (one reshape per sample, no per-token Python loop).
@@ -55,6 +57,7 @@ class _Capture:
     mask_ids: np.ndarray | None
     mask_offsets: np.ndarray | None
     truncated: int
+    cut: np.ndarray | None = None  # bool [R]: the kept set at this position may be incomplete
 
 
 def flat_to_capture(flat, num_tokens: int, want_mask: bool) -> _Capture:
@@ -91,7 +94,8 @@ def flat_to_capture(flat, num_tokens: int, want_mask: bool) -> _Capture:
     counts = finite.sum(axis=1)
     offsets = np.zeros(R + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    return _Capture(sampled, top_ids[finite].astype(np.int32, copy=False), offsets, int(finite[:, -1].sum()))
+    cut = finite[:, -1]
+    return _Capture(sampled, top_ids[finite].astype(np.int32, copy=False), offsets, int(cut.sum()), cut)
 
 
 def align_routes(routes: np.ndarray, rows: int, dense_layers: list[int], dtype: np.dtype) -> np.ndarray:
@@ -240,6 +244,10 @@ class VLLMEngine:
                     cap = flat_to_capture(comp.logprobs, R, want_mask)
                     g.logprobs = cap.logprobs
                     g.mask_ids, g.mask_offsets, g.mask_truncated = cap.mask_ids, cap.mask_offsets, cap.truncated
+                    if cap.truncated:
+                        # The trainer cannot rebuild pi_old's normaliser from a cut set (it would renormalise over
+                        # too few ids and overestimate log pi_theta), so those positions stay out of the loss.
+                        g.loss_mask = (~cap.cut).astype(np.float32)
                     if self.record_routes and comp.routed_experts is not None:
                         g.routed_experts = align_routes(comp.routed_experts, P + R - 1, self.dense_layers, self.route_dtype)
                 gens.append(g)

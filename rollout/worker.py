@@ -152,7 +152,8 @@ class RolloutWorker:
                         finish_reason=g.finish_reason,
                         mask_ids=g.mask_ids if self.keep_mask else None,
                         mask_offsets=g.mask_offsets if self.keep_mask else None,
-                        mask_truncated=int(getattr(g, "mask_truncated", 0)) if self.keep_mask else 0,
+                        mask_truncated=int(g.mask_truncated) if self.keep_mask else 0,
+                        loss_mask=g.loss_mask if self.keep_mask else None,  # cut kept sets matter only with the mask
                         routed_experts=g.routed_experts,
                         prompt_text=req["prompt_text"],
                         response_text=self._decode(g.response_ids),

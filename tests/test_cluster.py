@@ -55,3 +55,17 @@ def test_dead_rollout_worker_is_replaced_and_resynced(ray_local, tiny_dense_path
     assert [t.response_ids.tolist() for t in after] == [t.response_ids.tolist() for t in before]
     uniform = -torch.log(torch.tensor(float(len(tok)))).item()
     assert all(abs(float(lp) - uniform) < 1e-4 for t in after for lp in t.sampling_logprobs)
+
+
+def test_a_worker_that_keeps_timing_out_ends_with_a_clear_error(ray_local, tiny_dense_path):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=["+experiment=smoke_learn"]), resolve=True)
+    resolve_auto(cfg, is_moe=False)
+    cls = ray.remote(num_cpus=0.5)(RolloutWorker)
+    pool = ActorPool("rollout", lambda i: cls.remote(cfg, tiny_dense_path, i), 1, timeout_s=0.01)
+    pool.wait_ready()
+    first = pool.actors[0]
+    reqs = [{"group_id": "g", "domain": "digits", "prompt_ids": [1, 2, 3], "prompt_text": "", "sample": {}}]
+    with pytest.raises(RuntimeError, match=r"rollout worker 0: generate exceeded 0.01s twice"):
+        pool.map("generate", reqs, 1)
+    assert pool.actors[0] is not first  # the hung worker was replaced (and killed), not waited on

@@ -37,6 +37,7 @@ def test_flat_to_capture_recovers_kept_sets():
     # K smaller than the kept sets: every position whose K-th entry is finite is flagged
     cut = flat_to_capture(_fake_flat(logp, sampled, 4), R, want_mask=True)
     assert cut.truncated == int((torch.isfinite(logp).sum(1) >= 4).sum())
+    assert np.array_equal(cut.cut, (torch.isfinite(logp).sum(1) >= 4).numpy())
     assert flat_to_capture(_fake_flat(logp, sampled, 0), R, want_mask=True).mask_ids is None
 
 

@@ -45,23 +45,25 @@ def setup(tiny_moe_path):
     return cfg, trajs, tiny_moe_path
 
 
-def _train_once(cfg, trajs, path, zero_stage, port):
+def _train_once(cfg, trajs, path, zero_stage, port, checkpointing=False):
     cfg = copy.deepcopy(cfg)
     cfg["trainer"]["zero_stage"] = zero_stage
+    cfg["trainer"]["gradient_checkpointing"] = checkpointing
     tr = PolicyTrainer(cfg, path, 0, 1, "127.0.0.1", port)
     before = tr.full_state_dict()
     sums = tr.train_step([trajs], [(len(trajs), int(sum(t.num_response_tokens for t in trajs)))])
     return tr, before, tr.full_state_dict(), sums
 
 
-def test_update_zero2_equals_zero3_and_sync_changes_rollout(setup):
+def test_zero3_with_checkpointing_and_replay_equals_zero2(setup):
     cfg, trajs, path = setup
     port = _port()
     tr2, before, after2, sums = _train_once(cfg, trajs, path, 2, port)
-    _, _, after3, sums3 = _train_once(cfg, trajs, path, 3, port)
+    _, _, after3, sums3 = _train_once(cfg, trajs, path, 3, port, checkpointing=True)
     changed = [k for k in before if not torch.equal(before[k], after2[k])]
     assert "lm_head.weight" in changed and any("mlp.gate" in k for k in changed)  # router learns under replay
-    # Same gradients (ZeRO-3 once lost all but the last micro-batch's): equal norms, and equal Adam updates
+    # Same gradients under ZeRO-3 + gradient checkpointing (routes replayed in the backward re-run too; ZeRO-3
+    # once lost all but the last micro-batch's gradient): equal norms, and equal Adam updates
     # (a first Adam step moves each weight by ~lr * sign(grad), so a real difference shows as a ~2*lr jump).
     assert abs(sums["grad_norm"] - sums3["grad_norm"]) < 1e-5 * sums["grad_norm"]
     for k in after2:

@@ -39,6 +39,11 @@ logger = logging.getLogger(__name__)
 
 # Sample fields a reward cannot work without.
 NEEDED_FIELDS = {"math": ("answer",), "exact_match": ("answer",), "code": ("tests",), "rubric_judge": ("rubric",)}
+
+
+def required_fields(parts_cfg) -> set[str]:
+    """Dataset fields a domain's `rewards` list reads (checked against the dataset's columns at start)."""
+    return {f for spec in parts_cfg for f in NEEDED_FIELDS.get(spec["name"], ())}
 # Grace on top of a "threads" part's timeout: the sandbox finishes its current run (<= wall_s) before stopping.
 THREAD_GRACE_S = 30.0
 MAX_WARNINGS_PER_BATCH = 5

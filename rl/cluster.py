@@ -186,17 +186,19 @@ class Cluster:
         if self._weight_sync is not None:
             self.last_sync = self._weight_sync.sync()
             return
+        self._latest_weights = self._full_weights()
+        ray.get([w.load_state_dict.remote(self._latest_weights) for w in self.rollout.actors])
+
+    def _full_weights(self) -> ray.ObjectRef:
+        """Rank 0's whole state dict in the object store (every rank takes part: a collective under ZeRO-3)."""
         refs = [a.full_state_dict.remote(self.cfg["model"]["dtype"]) for a in self.trainers]
         self._get_trainers(refs[1:])
-        self._latest_weights = refs[0]
-        ray.get([w.load_state_dict.remote(refs[0]) for w in self.rollout.actors])
+        return refs[0]
 
     def _reload_worker(self, actor) -> None:
         """A restarted rollout worker gets the current weights (vLLM: once through the CPU path, then back on IPC)."""
         if self._weight_sync is not None:
-            refs = [a.full_state_dict.remote(self.cfg["model"]["dtype"]) for a in self.trainers]
-            self._get_trainers(refs[1:])
-            ray.get(actor.load_state_dict.remote(refs[0]))
+            ray.get(actor.load_state_dict.remote(self._full_weights()))
             self._weight_sync.reattach(actor)
         elif self._latest_weights is not None:
             ray.get(actor.load_state_dict.remote(self._latest_weights))

@@ -117,7 +117,7 @@ def train(cfg: dict) -> Path:
     from rl.cluster import Cluster, start_ray
 
     validate(cfg)
-    from rewards.compose import NEEDED_FIELDS, check_reward_specs
+    from rewards.compose import check_reward_specs, required_fields
 
     try:
         check_reward_specs(cfg["domains"], cfg["rewards"], cfg["rollout"]["max_new_tokens"])
@@ -127,9 +127,6 @@ def train(cfg: dict) -> Path:
     model_path = resolve_model_path(cfg["model"]["path"])
     resolve_auto(cfg, model_is_moe(model_path, cfg["algorithm"]["keep_routing"]))
     tokenizer = load_tokenizer(model_path)
-    def required_fields(specs) -> set[str]:  # dataset fields the domain's rewards read (answer, tests, ...)
-        return {f for spec in specs for f in NEEDED_FIELDS.get(spec["name"], ())}
-
     mixture = PromptMixture(
         cfg["domains"],
         tokenizer,

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rl.losses import grpo_loss
 from rl.config import logprob_temperature
+from rl.losses import grpo_loss
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
 from trainer.forward import PolicyForward, route_replay
@@ -81,7 +81,7 @@ def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int) -
             "params": {
                 "warmup_min_lr": float(tcfg["lr"]) / warmup,
                 "warmup_max_lr": float(tcfg["lr"]),
-                "warmup_num_steps": int(tcfg["warmup_steps"]),
+                "warmup_num_steps": warmup,
                 "warmup_type": "linear",
             },
         }

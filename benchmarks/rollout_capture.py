@@ -1,18 +1,25 @@
 """Rollout throughput on vLLM 0.26 with capture off vs on (processed logprobs + kept sets + MoE routes).
 
-Same prompts and sampling parameters for both (top_p=0.95, top_k=64, 1024 new tokens, 64 prompts x 8 samples),
-random-weight models of the Qwen3-0.6B shape (dense) and a ~1.1B Qwen3-MoE (32 experts, top-4). "on" is what a
-training run records: `logprobs=K` (K = top_k + 1 = 65, flat), the numpy conversion to kept-set CSR, and for the
-MoE `enable_return_routed_experts` (an engine-level switch, so the MoE's "off" and "on" are two engines).
-Each engine runs in its own process (vLLM holds its GPU memory until the process ends).
+Same prompts and sampling parameters for all (top_p=0.95, top_k=64, 1024 new tokens, 64 prompts x 8 samples),
+random-weight models of the Qwen3-0.6B shape (dense) and a ~1.1B Qwen3-MoE (32 experts, top-4). Modes:
+- off: no capture (the baseline);
+- sampler: what a training run records by default (`rollout.capture=sampler`, rollout/vllm_capture.py): the
+  sampled token's processed logprob and the kept set (top-K, K = top_k + 1 = 65) taken on the GPU next to the
+  sampler, assembled into kept-set CSR per completion;
+- logprobs: `rollout.capture=logprobs`, vLLM's own `logprobs=K` output (flat) converted with numpy.
+For the MoE, `enable_return_routed_experts` is an engine-level switch, so its "off" engine records no routes
+and a second engine that does runs "off" again (the cost of the routes alone) and the capture modes. Each engine
+runs in its own process (vLLM holds its GPU memory until the process ends).
 
-    python benchmarks/rollout_capture.py [--models dense moe] [--prompts 64] [--n 8] [--max-new-tokens 1024]
+    python benchmarks/rollout_capture.py [--models dense moe] [--modes off sampler logprobs] [--prompts 64]
+        [--n 8] [--max-new-tokens 1024]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -34,10 +41,13 @@ def child(args) -> None:
     path = build_model(Path(args.workdir) / args.model, spec)
     sp = SamplingParams(n=args.n, temperature=1.0, top_p=0.95, top_k=64, max_new_tokens=args.max_new_tokens, seed=None)
     engine = VLLMEngine(path, dtype="bfloat16", gpu_memory_utilization=args.gpu_mem, max_logprobs=65,
-                        record_routes=args.routes, max_model_len=2048)
+                        record_routes=args.routes, max_model_len=2048, capture="sampler")
+    assert engine.capture == "sampler", "the sampler hook could not be installed on this vLLM"
     prompts = chat_prompts(engine.tokenizer, args.prompts)
     for mode in args.modes:
-        capture = mode == "on"
+        capture = mode != "off"
+        if capture:
+            engine.capture = mode  # the hook stays installed; it records only when generate() starts it
         engine.generate(prompts[:16], replace(sp, n=2, max_new_tokens=64), capture=capture)  # warm-up
         t0 = time.perf_counter()
         groups = engine.generate(prompts, sp, capture=capture)
@@ -45,7 +55,8 @@ def child(args) -> None:
         gens = [g for grp in groups for g in grp]
         tokens = sum(len(g.response_ids) for g in gens)
         row = dict(model=args.model, capture=mode, routes=args.routes, seconds=round(dt, 3), tokens=tokens,
-                   tokens_per_s=round(tokens / dt, 1), convert_seconds=round(engine.last_convert_seconds, 3))
+                   tokens_per_s=round(tokens / dt, 1), convert_seconds=round(engine.last_convert_seconds, 3),
+                   collect_seconds=round(engine.last_collect_seconds, 3) if mode == "sampler" else 0.0)
         if capture:
             kept = sum(int(g.mask_offsets[-1]) for g in gens if g.mask_offsets is not None)
             row["kept_ids_per_token"] = round(kept / max(tokens, 1), 2)
@@ -65,35 +76,46 @@ def main() -> None:
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--model")
     ap.add_argument("--routes", action="store_true")
-    ap.add_argument("--modes", nargs="+", default=["off", "on"])
+    ap.add_argument("--modes", nargs="+", default=["off", "sampler", "logprobs"], choices=["off", "sampler", "logprobs"])
     args = ap.parse_args()
     if args.child:
         return child(args)
     workdir = args.workdir or tempfile.mkdtemp(prefix="rollout-capture-")
     runs = []
     for model in args.models:
-        if model == "dense":  # routes do not apply: one engine, both modes
-            runs.append(["--model", "dense", "--modes", "off", "on"])
-        else:  # routes are an engine switch: off without them, on with them
-            runs += [["--model", model, "--modes", "off"], ["--model", model, "--routes", "--modes", "on"]]
+        on = [m for m in args.modes if m != "off"]
+        if model == "dense":  # routes do not apply: one engine, every mode
+            runs.append(["--model", "dense", "--modes", *args.modes])
+        else:  # routes are an engine switch: off without them, the capture modes with them
+            runs += [["--model", model, "--modes", "off"]] if "off" in args.modes else []
+            runs += [["--model", model, "--routes", "--modes", *args.modes]] if on else []  # off here: routes only
     rows = []
     for extra in runs:
         cmd = [sys.executable, __file__, "--child", "--workdir", workdir, "--prompts", str(args.prompts), "--n",
                str(args.n), "--max-new-tokens", str(args.max_new_tokens), "--gpu-mem", str(args.gpu_mem), *extra]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        out = [json.loads(x[7:]) for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        # results are echoed as they come (a run cut short by a time limit keeps what it measured)
+        with tempfile.TemporaryFile("w+") as errf:  # vLLM logs a lot to stderr: a pipe could fill and block it
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf, text=True,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            out = []
+            for line in proc.stdout:
+                if line.startswith("RESULT "):
+                    out.append(json.loads(line[7:]))
+                    print(line, end="", flush=True)
+            proc.wait()
+            errf.seek(0)
+            err = errf.read()
         if proc.returncode != 0 or not out:
-            print(f"FAILED {' '.join(extra)} (rc {proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}", flush=True)
-        for row in out:
-            print("RESULT " + json.dumps(row), flush=True)
+            print(f"FAILED {' '.join(extra)} (rc {proc.returncode})\n{err[-5000:]}", flush=True)
         rows += out
     print(f"\n{args.prompts} prompts x {args.n} samples, up to {args.max_new_tokens} new tokens, top_p=0.95 top_k=64")
     print("| model | capture | tokens | seconds | tokens/s | conversion s | vs off |")
     print("|---|---|---|---|---|---|---|")
-    base = {r["model"]: r["tokens_per_s"] for r in rows if r["capture"] == "off"}
+    base = {r["model"]: r["tokens_per_s"] for r in rows if r["capture"] == "off" and not r["routes"]}
     for r in rows:
         rel = f"{100 * (r['tokens_per_s'] / base[r['model']] - 1):+.1f}%" if r["model"] in base else "n/a"
-        what = "on (logprobs K=65 + kept sets" + (" + routes)" if r["routes"] else ")") if r["capture"] == "on" else "off"
+        what = (f"{r['capture']} (logprobs + kept sets K=65" + (" + routes)" if r["routes"] else ")") if r["capture"] != "off"
+                else "off, routes only" if r["routes"] else "off")
         print(f"| {r['model']} | {what} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | {r['convert_seconds']} | {rel} |")
 
 

@@ -36,6 +36,7 @@ def main() -> None:
     import torch
 
     from gpu_helpers import QWEN3_06B, base_cfg, build_model, chat_prompts
+    from rl.cluster import ColocatedPlacement
     from rl.models import load_tokenizer
     from rollout.worker import RolloutWorker
     from trainer.policy import PolicyTrainer
@@ -59,12 +60,14 @@ def main() -> None:
                        rollout=dict(placement=placement, gpu_memory_utilization=0.3, enforce_eager=True,
                                     max_new_tokens=16, n_samples=2, num_gpus=share),
                        trainer=dict(num_gpus=share, micro_batch_size=4))
-        worker = ray.remote(num_gpus=share, num_cpus=1)(RolloutWorker).remote(cfg, path, 0)
+        pg = ColocatedPlacement(cfg)  # colocated: worker and trainer in one GPU bundle, as the driver places them
+        worker = ray.remote(num_gpus=share, num_cpus=1)(RolloutWorker).options(**pg.options(0)).remote(cfg, path, 0)
         ray.get(worker.ready.remote())
         for zero in args.zero:
             cfg["trainer"]["zero_stage"] = zero
             _, port = local_address()
-            trainer = ray.remote(num_gpus=share, num_cpus=1)(PolicyTrainer).remote(cfg, path, 0, 1, "127.0.0.1", port)
+            trainer = ray.remote(num_gpus=share, num_cpus=1)(PolicyTrainer).options(**pg.options(0)).remote(
+                cfg, path, 0, 1, "127.0.0.1", port)
             ray.get(trainer.ready.remote())
             sync = VLLMWeightSync(cfg, [worker], [trainer])
             t0 = time.perf_counter()
@@ -90,6 +93,7 @@ def main() -> None:
             ray.kill(trainer)
             time.sleep(2)
         ray.kill(worker)
+        pg.remove()
         time.sleep(3)
     print(f"\nweight sync, 0.6B bf16 policy (Qwen3-0.6B shape), {args.syncs} syncs per row, seconds per sync")
     print("| placement | ZeRO | first | awake median (min) | trainer send median | after sleep(level 2) median | GiB |")

@@ -49,6 +49,57 @@ def _split(items: list, n: int) -> list[list]:
     return [items[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+class ColocatedPlacement:
+    """Colocated vLLM: a Ray placement group of one GPU per trainer rank, so rollout worker i and trainer rank i
+    land on the same GPU (their fractional `num_gpus` share it); the reference and the judge join GPU 0 when they
+    ask for a fraction of a GPU. `options(i)` / `options("reference")` / `options("judge")` give the Ray
+    `.options(...)` kwargs ({} when not colocated, or for a role placed outside the group)."""
+
+    def __init__(self, cfg: dict):
+        self.pg = None
+        from rl.config import colocated_shares
+
+        shares = colocated_shares(cfg)
+        if not shares:
+            return
+        from ray.util.placement_group import placement_group
+
+        r, t = cfg["rollout"], cfg["trainer"]
+        self.n = int(t["num_processes"])
+        roles = {"reference": "trainer.ref_num_gpus", "judge": "rewards.judge.num_gpus"}
+        self.on_gpu0 = {role for role, key in roles.items() if key in shares}
+        cpus = float(r["num_cpus"]) + float(t["num_cpus"])
+        bundles = [{"GPU": 1.0, "CPU": cpus} for _ in range(self.n)]
+        if "reference" in self.on_gpu0:
+            bundles[0]["CPU"] += float(t["num_cpus"])
+        if "judge" in self.on_gpu0:
+            bundles[0]["CPU"] += float(cfg["rewards"]["judge"].get("num_cpus") or 0)
+        self.pg = placement_group(bundles, strategy="PACK")
+        try:
+            ray.get(self.pg.ready(), timeout=300)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"colocated placement: Ray could not reserve {bundles}") from None
+
+    def options(self, who: int | str) -> dict:
+        if self.pg is None:
+            return {}
+        if isinstance(who, str):
+            if who not in self.on_gpu0:
+                return {}
+            who = 0
+        if who >= self.n:
+            return {}
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=self.pg,
+                                                                        placement_group_bundle_index=who)}
+
+    def remove(self) -> None:
+        if self.pg is not None:
+            ray.util.remove_placement_group(self.pg)
+            self.pg = None
+
+
 class ActorPool:
     """Stateless workers of one class; a worker that dies or exceeds `timeout_s` on a call is replaced and its
     share retried once (a second failure ends the run with the reason)."""
@@ -103,13 +154,13 @@ class Cluster:
         r, t, rw = cfg["rollout"], cfg["trainer"], cfg["rewards"]
         self._latest_weights = None
         self._weight_sync = None  # vLLM: GPU weight sync (trainer/weight_sync.py); hf: the CPU path below
-        from trainer.weight_sync import colocated_bundles
+        from rl.config import needs_reference
 
-        self._bundle = colocated_bundles(cfg)  # colocated vLLM: worker i and trainer rank i share GPU bundle i
+        self._placement = ColocatedPlacement(cfg)  # colocated vLLM: worker i and trainer rank i share GPU i
         rollout_cls = ray.remote(num_cpus=r["num_cpus"], num_gpus=r["num_gpus"])(RolloutWorker)
         self.rollout = ActorPool(
             "rollout",
-            lambda i: rollout_cls.options(**self._bundle(i)).remote(cfg, model_path, i),
+            lambda i: rollout_cls.options(**self._placement.options(i)).remote(cfg, model_path, i),
             int(r["num_workers"]),
             on_restart=self._reload_worker,
             timeout_s=r.get("timeout_s"),
@@ -123,7 +174,10 @@ class Cluster:
             jc = rw["judge"]
             # max_restarts: a judge that dies is restarted; the batches in flight meanwhile score 0 with the reason.
             judge_cls = ray.remote(num_cpus=jc["num_cpus"], num_gpus=jc["num_gpus"], max_restarts=3)(JudgeWorker)
-            self.judge = judge_cls.remote(cfg, model_path)  # rewards.judge.model null -> the policy's model_path
+            # rewards.judge.model null -> the policy's model_path
+            self.judge = judge_cls.options(**self._placement.options("judge")).remote(cfg, model_path)
+            if float(jc["num_gpus"] or 0) > 0:
+                ray.get(self.judge.ready.remote())  # a vLLM judge, too, must profile memory before the trainers
         reward_cls = ray.remote(num_cpus=rw["actor_num_cpus"])(RewardWorker)
         self.rewards = ActorPool(
             "reward", lambda i: reward_cls.remote(cfg, judge=self.judge), int(rw["num_actors"]),
@@ -133,12 +187,13 @@ class Cluster:
         port = _free_port()
         trainer_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["num_gpus"])(PolicyTrainer)
         self.trainers = [
-            trainer_cls.options(**self._bundle(rank)).remote(cfg, model_path, rank, n, "127.0.0.1", port) for rank in range(n)
+            trainer_cls.options(**self._placement.options(rank)).remote(cfg, model_path, rank, n, "127.0.0.1", port)
+            for rank in range(n)
         ]
         self.reference = None
-        if any(float(d["kl_coef"]) > 0 for d in cfg["domains"].values()):
+        if needs_reference(cfg):
             ref_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(ReferenceModel)
-            self.reference = ref_cls.remote(cfg, model_path)
+            self.reference = ref_cls.options(**self._placement.options("reference")).remote(cfg, model_path)
         self.rollout.wait_ready()
         self.rewards.wait_ready()
         if self.judge is not None:
@@ -213,3 +268,4 @@ class Cluster:
         for a in [*self.rollout.actors, *self.rewards.actors, *self.trainers, self.reference, self.judge]:
             if a is not None:
                 ray.kill(a)
+        self._placement.remove()

@@ -87,6 +87,8 @@ def validate(cfg: Mapping) -> None:
     r, t, a, data = cfg["rollout"], cfg["trainer"], cfg["algorithm"], cfg["data"]
     _num(r, "n_samples", "rollout", lo=1, integer=True)
     _choice(r, "engine", "rollout", ENGINES)
+    if "capture" in r:
+        _choice(r, "capture", "rollout", {"sampler", "logprobs"})
     if _num(r, "temperature", "rollout", lo=0) and r["temperature"] < 1e-5:
         # vLLM treats such temperatures as greedy (plain logprobs) while the trainer would divide by them
         raise ConfigError(f"rollout.temperature must be 0 (greedy) or >= 1e-5, got {r['temperature']}")
@@ -111,6 +113,7 @@ def validate(cfg: Mapping) -> None:
     for key in ("keep_sampling_mask", "keep_routing"):
         _choice(a, key, "algorithm", AUTO_BOOL)
     _choice(cfg["logger"], "mode", "logger", LOGGER_MODES)
+    _check_gpu_layout(cfg)
     samples = data["prompts_per_step"] * r["n_samples"]
     shards = t["mini_batches"] * t["num_processes"]
     if samples % shards:
@@ -118,6 +121,61 @@ def validate(cfg: Mapping) -> None:
             f"trainer.mini_batches: data.prompts_per_step * rollout.n_samples = {samples} samples per step must "
             f"split evenly into trainer.mini_batches * trainer.num_processes = {shards} shards"
         )
+
+
+def _check_gpu_layout(cfg: Mapping) -> None:
+    """vLLM placement and the GPU shares of the actors (checked before Ray starts: a wrong share would hang in Ray
+    waiting for resources that never come)."""
+    r, t = cfg["rollout"], cfg["trainer"]
+    if "placement" in r:
+        _choice(r, "placement", "rollout", {"colocated", "split"})
+    if r["engine"] == "vllm" and r.get("placement", "colocated") == "colocated" and float(r.get("num_gpus") or 0) > 0:
+        if int(r["num_workers"]) != int(t["num_processes"]) or int(r.get("tensor_parallel_size", 1)) != 1:
+            raise ConfigError(
+                "rollout.placement=colocated pairs trainer rank i with rollout worker i on one GPU: it needs "
+                f"rollout.num_workers == trainer.num_processes (got {r['num_workers']} and {t['num_processes']}) "
+                f"and rollout.tensor_parallel_size == 1 (got {r.get('tensor_parallel_size', 1)}); use "
+                "rollout.placement=split for tensor-parallel rollouts"
+            )
+    colocated_shares(cfg)
+    if t.get("device") == "cuda" and needs_reference(cfg) and not float(t.get("ref_num_gpus") or 0):
+        raise ConfigError(
+            "trainer.ref_num_gpus: the reference model (some domain has kl_coef > 0) would see no GPU with "
+            "trainer.device=cuda; give it a GPU share (e.g. trainer.ref_num_gpus=0.1, on GPU 0 when colocated)"
+        )
+
+
+def colocated_shares(cfg: Mapping) -> dict[str, float]:
+    """GPU shares that colocated vLLM puts on one GPU: the worker and the trainer rank on every GPU, plus on GPU 0
+    the reference model and the rubric judge when they ask for a fraction of a GPU (a whole GPU or more is placed
+    outside, on a GPU of its own). Empty when the run is not colocated vLLM. Raises ConfigError naming the keys."""
+    r, t = cfg["rollout"], cfg["trainer"]
+    gpus_r, gpus_t = float(r.get("num_gpus") or 0), float(t.get("num_gpus") or 0)
+    if r["engine"] == "hf" or r.get("placement", "colocated") != "colocated" or gpus_r <= 0:
+        return {}
+    if gpus_t <= 0:
+        raise ConfigError(f"rollout.placement=colocated: trainer.num_gpus must be > 0 (e.g. 0.5) to share the "
+                         f"rollout worker's GPU, got {gpus_t}")
+    shares = {"rollout.num_gpus": gpus_r, "trainer.num_gpus": gpus_t}
+    extra = {"trainer.ref_num_gpus": float(t.get("ref_num_gpus") or 0) if needs_reference(cfg) else 0.0,
+             "rewards.judge.num_gpus": float(((cfg.get("rewards") or {}).get("judge") or {}).get("num_gpus") or 0)
+             if _uses_judge(cfg) else 0.0}
+    shares.update({k: v for k, v in extra.items() if 0 < v < 1})
+    if sum(shares.values()) > 1.0 + 1e-9:
+        raise ConfigError("rollout.placement=colocated: the GPU shares on one GPU must sum to <= 1, got "
+                         + " + ".join(f"{k} {v}" for k, v in shares.items()))
+    return shares
+
+
+def needs_reference(cfg: Mapping) -> bool:
+    """Some domain has kl_coef > 0 (else the reference model is never started)."""
+    return any(float(d["kl_coef"]) > 0 for d in (cfg.get("domains") or {}).values())
+
+
+def _uses_judge(cfg: Mapping) -> bool:
+    from rewards.judge import uses_rubric_judge
+
+    return uses_rubric_judge(cfg.get("domains") or {})
 
 
 def resolve_auto(cfg: dict, is_moe: bool) -> dict:

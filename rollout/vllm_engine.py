@@ -1,18 +1,20 @@
 """The vLLM rollout engine: same interface as `rollout.hf_engine.HFEngine`, on `vllm.LLM` (vLLM 0.26).
 
-Token ids in (`prompt_token_ids`), token ids out (`detokenize=False`: nothing is re-tokenised, and vLLM does not
-decode the top-K logprob tokens either). What the trainer needs, per response token:
-- the sampled token's processed logprob: `LLM(logprobs_mode="processed_logprobs")` reports logprobs after
-  temperature/top-k/top-p, i.e. under the truncated renormalised distribution the token was drawn from;
-- the kept set (Keep Sampling Mask, CSR): vLLM 0.26 has no mask output, so it is recovered as the finite entries of
-  the top-K processed logprobs (`SamplingParams(logprobs=K, flat_logprobs=True)`, K >= top_k). When the K-th entry
-  is still finite the set may be cut (top_k > K, top-p only, or ties at the top-k threshold): such positions are
-  counted in `Generation.mask_truncated` and left out of the loss (`Generation.loss_mask` 0 there), since the
-  trainer cannot rebuild pi_old's normaliser from a cut set. K defaults to top_k + 1, so a cut is flagged only
-  when it can happen (with top-p alone, raise `rollout.logprobs` until `rollout/mask_truncated_frac` is ~0);
+Token ids in (`prompt_token_ids`), token ids out (`detokenize=False`: nothing is re-tokenised). What the trainer
+needs, per response token, comes from vLLM's processed distribution (`LLM(logprobs_mode="processed_logprobs")`:
+after temperature/top-k/top-p, i.e. the truncated renormalised distribution the token was drawn from):
+- the sampled token's processed logprob;
+- the kept set (Keep Sampling Mask, CSR): vLLM 0.26 has no mask output, so it is the set of finite entries, at
+  most K = `max_logprobs` of them (default top_k + 1). A position whose set may hold more is counted in
+  `Generation.mask_truncated` and left out of the loss (`Generation.loss_mask` 0 there), since the trainer cannot
+  rebuild pi_old's normaliser from a cut set;
 - the MoE routes (Keep Routing): `LLM(enable_return_routed_experts=True)`; rows of dense layers are zeroed using
   the config (`rl.routing.moe_layer_indices`), since 0 is also a valid expert id.
-The flat logprobs are converted with numpy only (one reshape per sample, no per-token Python loop).
+Two ways to take the first two (`rollout.capture`): `sampler` (default) reduces them on the GPU next to vLLM's
+sampler (rollout/vllm_capture.py; exact kept-set sizes, so a cut is known) and asks vLLM for no logprobs;
+`logprobs` asks vLLM for `SamplingParams(logprobs=K, flat_logprobs=True)` and converts the flat arrays with numpy
+(a set is flagged as maybe cut when its K-th entry is still finite) - simpler, but vLLM's own handling of K+1
+entries per token cost 49% of the tokens/s on a 0.6B model (benchmarks/README.md).
 
 Weights: `update_weights` & co. forward vLLM's native weight-transfer API (CUDA IPC when colocated, NCCL when
 split; see trainer/weight_sync.py); `load_state_dict` is the slow CPU fallback (a restarted worker).
@@ -134,6 +136,7 @@ class VLLMEngine:
         enforce_eager: bool = False,
         seed: int = 0,
         per_request_seed: bool = False,
+        capture: str = "sampler",
         extra_args: dict | None = None,
     ):
         # IPC handles travel pickled; the sampler needs no flashinfer.
@@ -179,6 +182,16 @@ class VLLMEngine:
                 kwargs["weight_transfer_config"] = {"backend": weight_transfer_backend}
         kwargs.update(extra_args or {})
         self.llm = LLM(**kwargs)
+        if capture not in ("sampler", "logprobs"):
+            raise ValueError(f"rollout.capture must be sampler or logprobs, got {capture!r}")
+        self.capture = capture
+        if capture == "sampler":
+            from rollout.vllm_capture import install_rpc
+
+            reasons = sorted({r for r in self.llm.collective_rpc(install_rpc) if r})
+            if reasons:
+                log.warning("rollout.capture=sampler unavailable (%s): using vLLM's logprobs output", "; ".join(reasons))
+                self.capture = "logprobs"
         try:
             gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
         except Exception:
@@ -187,6 +200,7 @@ class VLLMEngine:
         self.eos_ids = sorted({*gen_eos, self.tokenizer.eos_token_id} - {None})
         self._asleep: set[str] = set()
         self.last_convert_seconds = 0.0
+        self.last_collect_seconds = 0.0  # sampler capture: moving the recorded rows out of vLLM's engine process
 
     # -- sampling ------------------------------------------------------------------------------------------
     def _sampling_params(self, sp: SamplingParams, capture: bool = True):
@@ -222,15 +236,37 @@ class VLLMEngine:
         skips logprobs, kept sets and the route conversion."""
         if self._asleep:
             raise RuntimeError(f"vLLM engine is asleep ({sorted(self._asleep)}); sync weights / wake it first")
-        vsp = self._sampling_params(sp, capture)
         want_mask = capture and sp.truncates and sp.temperature > 0
-        outputs = self.llm.generate(self._prompts(prompts), vsp, use_tqdm=False)
+        hook = capture and self.capture == "sampler"
+        vsp = self._sampling_params(sp, capture and not hook)
+        if hook:
+            from rollout.vllm_capture import collect_rpc, start_rpc
+
+            self.llm.collective_rpc(start_rpc, args=(self.max_logprobs if want_mask else 0,))
+            try:
+                outputs = self.llm.generate(self._prompts(prompts), vsp, use_tqdm=False)
+            finally:  # always stop recording (the driver rank's result is the one that is not None)
+                t_collect = time.perf_counter()
+                rows = next(r for r in self.llm.collective_rpc(collect_rpc) if r is not None)
+                self.last_collect_seconds = time.perf_counter() - t_collect
+            if "error" in rows:
+                raise RuntimeError(f"rollout.capture=sampler failed inside vLLM ({rows['error']}); set "
+                                   "rollout.capture=logprobs to take vLLM's logprobs output instead")
+        else:
+            outputs = self.llm.generate(self._prompts(prompts), vsp, use_tqdm=False)
         t0 = time.perf_counter()
+        comps = [sorted(req.outputs, key=lambda c: c.index) for req in outputs]
+        if hook:
+            from rollout.vllm_capture import assemble, completion_key
+
+            keys = [(completion_key(req.request_id, c.index, vsp.n), len(p), c.token_ids)
+                    for req, p, cs in zip(outputs, prompts, comps) for c in cs]
+            captured = iter(assemble(rows, keys, self.max_logprobs if want_mask else 0))
         groups: list[list[Generation]] = []
-        for prompt, req in zip(prompts, outputs):
+        for prompt, cs in zip(prompts, comps):
             P = len(prompt)
             gens = []
-            for comp in sorted(req.outputs, key=lambda c: c.index):
+            for comp in cs:
                 ids = np.asarray(comp.token_ids, dtype=np.int32)
                 R = len(ids)
                 g = Generation(
@@ -241,7 +277,12 @@ class VLLMEngine:
                 if comp.finish_reason not in ("length", "stop"):
                     log.warning("vLLM finished a request with %r; reported as 'stop'", comp.finish_reason)
                 if capture:
-                    cap = flat_to_capture(comp.logprobs, R, want_mask)
+                    if hook:
+                        c = next(captured)
+                        cap = _Capture(c["logprobs"], c["mask_ids"], c["mask_offsets"],
+                                       int(c["cut"].sum()) if c["cut"] is not None else 0, c["cut"])
+                    else:
+                        cap = flat_to_capture(comp.logprobs, R, want_mask)
                     g.logprobs = cap.logprobs
                     g.mask_ids, g.mask_offsets, g.mask_truncated = cap.mask_ids, cap.mask_offsets, cap.truncated
                     if cap.truncated:

@@ -56,6 +56,7 @@ def make_engine(rcfg: dict, model_cfg: dict, model_path: str, record_routes: boo
             enforce_eager=bool(rcfg.get("enforce_eager", False)),
             seed=seed,
             per_request_seed=bool(rcfg.get("per_request_seed", False)),
+            capture=str(rcfg.get("capture", "sampler")),
             extra_args=dict(rcfg.get("engine_args") or {}),
         )
     if engine == "hf":

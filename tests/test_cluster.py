@@ -1,5 +1,6 @@
 """The Ray side: a rollout worker that dies is replaced, re-synced with the latest weights, and its share
-retried; the step loses nothing."""
+retried; the step loses nothing. Colocated placement puts each rollout worker on its trainer rank's GPU (Ray's
+GPU bookkeeping, with GPUs declared on this CPU machine)."""
 
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rl.cluster import ActorPool
+from rl.cluster import ActorPool, ColocatedPlacement
 from rl.config import resolve_auto
 from rl.data import PromptMixture
 from rl.models import load_tokenizer
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)  # GPUs only as Ray resources
     yield
     ray.shutdown()
 
@@ -69,3 +70,78 @@ def test_a_worker_that_keeps_timing_out_ends_with_a_clear_error(ray_local, tiny_
     with pytest.raises(RuntimeError, match=r"rollout worker 0: generate exceeded 0.01s twice"):
         pool.map("generate", reqs, 1)
     assert pool.actors[0] is not first  # the hung worker was replaced (and killed), not waited on
+
+
+@ray.remote
+class GpuProbe:
+    def gpu_ids(self) -> list:
+        return ray.get_gpu_ids()
+
+
+def test_colocated_placement_pairs_workers_with_trainer_ranks(ray_local):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=[
+            "+experiment=mixed_rl", "rollout=vllm", "trainer.num_processes=2", "rollout.num_workers=2",
+            "rollout.num_gpus=0.4", "trainer.num_gpus=0.4", "trainer.ref_num_gpus=0.1", "rewards.judge.num_gpus=0.1",
+            "rollout.num_cpus=0.25", "trainer.num_cpus=0.25"]), resolve=True)
+    r, t = cfg["rollout"], cfg["trainer"]
+    placement = ColocatedPlacement(cfg)
+    try:
+        def probe(who, gpus, cpus):
+            return GpuProbe.options(num_gpus=gpus, num_cpus=cpus, **placement.options(who)).remote()
+
+        probes = {f"worker{i}": probe(i, r["num_gpus"], r["num_cpus"]) for i in range(2)}
+        probes.update({f"trainer{i}": probe(i, t["num_gpus"], t["num_cpus"]) for i in range(2)})
+        probes["reference"] = probe("reference", t["ref_num_gpus"], t["num_cpus"])
+        probes["judge"] = probe("judge", cfg["rewards"]["judge"]["num_gpus"], 0)
+        gpu = {k: ray.get(p.gpu_ids.remote(), timeout=60) for k, p in probes.items()}
+        assert all(len(v) == 1 for v in gpu.values()), gpu
+        assert gpu["worker0"] == gpu["trainer0"] == gpu["reference"] == gpu["judge"], gpu
+        assert gpu["worker1"] == gpu["trainer1"] != gpu["worker0"], gpu
+        for p in probes.values():
+            ray.kill(p)
+    finally:
+        placement.remove()
+    assert ColocatedPlacement({**cfg, "rollout": {**r, "engine": "hf"}}).options(0) == {}  # no group without vLLM
+
+
+@ray.remote(num_cpus=0)
+class SyncRecorder:
+    """Stands in for RolloutWorker / PolicyTrainer in VLLMWeightSync.sync: records who was asked to send where."""
+
+    def __init__(self, name):
+        self.name, self.calls = name, []
+
+    def begin_weight_update(self):
+        self.calls.append("begin")
+
+    def end_weight_update(self):
+        self.calls.append("end")
+
+    def send_weights(self, workers):
+        self.calls.append(("send", sorted(ray.get([w.get_name.remote() for w in workers]))))
+        return {"seconds": 0.0, "bytes": 1, "tensors": 1}
+
+    def get_name(self):
+        return self.name
+
+    def get_calls(self):
+        return self.calls
+
+
+@pytest.mark.parametrize("placement", ["colocated", "split"])
+def test_weight_sync_sends_every_worker_from_the_right_ranks(ray_local, placement):
+    """Colocated (CUDA IPC): vLLM's sender is a collective over the trainer ranks in which rank 0 hands every
+    worker its GPU's handle, so every rank gets every worker; split (NCCL): rank 0 alone broadcasts."""
+    from trainer.weight_sync import VLLMWeightSync
+
+    workers = [SyncRecorder.remote(f"w{i}") for i in range(2)]
+    trainers = [SyncRecorder.remote(f"t{i}") for i in range(2)]
+    cfg = {"rollout": {"placement": placement, "tensor_parallel_size": 1, "enable_sleep_mode": True}}
+    VLLMWeightSync(cfg, workers, trainers).sync()
+    sends = [[c for c in ray.get(t.get_calls.remote()) if c[0] == "send"] for t in trainers]
+    if placement == "colocated":
+        assert sends == [[("send", ["w0", "w1"])], [("send", ["w0", "w1"])]]
+    else:
+        assert sends == [[("send", ["w0", "w1"])], [("send", [])]]
+    assert all(ray.get(w.get_calls.remote()) == ["begin", "end"] for w in workers)

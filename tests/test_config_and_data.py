@@ -47,6 +47,41 @@ def test_bad_config_names_the_key(override, key):
         validate(composed(override))
 
 
+VLLM_COLOCATED = ("rollout=vllm", "trainer.num_gpus=0.4", "rollout.num_gpus=0.4", "trainer.device=cuda",
+                  "trainer.ref_num_gpus=0.1", "rewards.judge.num_gpus=0.1")
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        # the shares that land on GPU 0 add up to more than one GPU
+        (("trainer.ref_num_gpus=0.3",), r"rollout\.num_gpus 0\.4 \+ trainer\.num_gpus 0\.4 \+ trainer\.ref_num_gpus 0\.3"),
+        # the reference (KL domains) would see no GPU
+        (("trainer.ref_num_gpus=0",), r"trainer\.ref_num_gpus"),
+        (("trainer.num_gpus=0",), r"trainer\.num_gpus must be > 0"),
+        (("rollout.num_workers=2",), r"rollout\.num_workers == trainer\.num_processes"),
+        (("rollout.placement=spread",), r"rollout\.placement"),
+    ],
+)
+def test_bad_gpu_layout_names_the_key(overrides, match):
+    validate(composed(*VLLM_COLOCATED))  # the layout itself is fine: 0.4 + 0.4 + 0.1 + 0.1
+    with pytest.raises(ConfigError, match=match):
+        validate(composed(*VLLM_COLOCATED, *overrides))
+
+
+def test_gpu_shares_of_a_colocated_run():
+    from rl.config import colocated_shares
+
+    assert colocated_shares(composed(*VLLM_COLOCATED)) == {
+        "rollout.num_gpus": 0.4, "trainer.num_gpus": 0.4, "trainer.ref_num_gpus": 0.1, "rewards.judge.num_gpus": 0.1}
+    # no KL domain: no reference share; a judge on a whole GPU of its own: outside the group; split: no group
+    no_kl = composed(*VLLM_COLOCATED, "rewards.judge.num_gpus=1", *(f"domains.{d}.kl_coef=0" for d in
+                                                                   ("code", "logic", "general")))
+    assert colocated_shares(no_kl) == {"rollout.num_gpus": 0.4, "trainer.num_gpus": 0.4}
+    assert colocated_shares(composed(*VLLM_COLOCATED, "rollout.placement=split")) == {}
+    assert colocated_shares(composed()) == {}  # the CPU default (hf engine)
+
+
 def test_no_domains_is_a_clear_error():
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = OmegaConf.to_container(compose(config_name="train"), resolve=True)

@@ -1,12 +1,15 @@
 """vLLM engine and GPU weight sync, on a GPU with vLLM 0.26 (CPU CI skips them: `-m gpu` selects them).
 
 Run on the device: `pytest -m gpu tests/test_vllm_gpu.py -s` (the numbers are printed).
-Per model (a small random-weight dense Qwen3 and a small Qwen3-MoE, head_dim 64), one RolloutWorker (vLLM,
-colocated, sleep mode) and one PolicyTrainer (DeepSpeed ZeRO-2, bf16) share the GPU through Ray:
+Per model (a small random-weight dense Qwen3 and a small Qwen3-MoE, head_dim 64) and placement, one
+RolloutWorker (vLLM, sleep mode) and one PolicyTrainer (DeepSpeed ZeRO-2, bf16) as Ray actors:
+colocated = both on one GPU (the run's placement group), CUDA-IPC sync; split (needs 2 GPUs) = one GPU each,
+NCCL broadcast.
   a. step 0: the trainer's logprob of the sampled tokens (forward_logprobs on collate(trajectories)) matches vLLM's
      processed logprob, with Keep Sampling Mask on/off and Keep Routing on/off (MoE);
+  a2. both capture modes (rollout.capture=sampler, the default, and =logprobs) give what the trainer reproduces;
   c. recorded routes replayed in the trainer equal the trainer's own routes on most tokens (RouteReplay.mismatch_frac);
-  b. after one optimizer step and a CUDA-IPC sync (vLLM asleep during training), vLLM's logprobs of a fixed
+  b. after one optimizer step and a sync (colocated: vLLM asleep during training), vLLM's logprobs of a fixed
      continuation match the trainer's new weights and differ from the old ones.
 """
 
@@ -40,33 +43,40 @@ def ray_session():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     os.environ["DS_ACCELERATOR"] = "cuda"  # conftest.py pins DeepSpeed to CPU for CI; the actors inherit the env
-    ray.init(num_gpus=1, num_cpus=8, include_dashboard=False, log_to_driver=True,
+    ray.init(num_gpus=torch.cuda.device_count(), num_cpus=8, include_dashboard=False, log_to_driver=True,
              runtime_env={"env_vars": {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0",
                                        "DS_ACCELERATOR": "cuda"}})
     yield ray
     ray.shutdown()
 
 
-@pytest.fixture(scope="module", params=["dense", "moe"])
+@pytest.fixture(scope="module", params=[("dense", "colocated"), ("moe", "colocated"), ("moe", "split")],
+                ids=lambda p: "-".join(p))
 def setup(request, tmp_path_factory, ray_session):
     ray = ray_session
+    from rl.cluster import ColocatedPlacement
     from rollout.worker import RolloutWorker
     from trainer.policy import PolicyTrainer
     from trainer.weight_sync import VLLMWeightSync, local_address
 
-    kind = request.param
+    kind, placement = request.param
+    if placement == "split" and torch.cuda.device_count() < 2:
+        pytest.skip("split placement needs 2 GPUs")
     path = build_model(tmp_path_factory.mktemp(kind), MODELS[kind])
+    share = 0.5 if placement == "colocated" else 1.0
     cfg = base_cfg(
         path, keep_mask=True, keep_routing=kind == "moe",
-        rollout=dict(n_samples=4, temperature=1.0, top_p=0.9, top_k=32, max_new_tokens=64,
-                     gpu_memory_utilization=0.25, enforce_eager=True),
-        trainer=dict(lr=1e-3, micro_batch_size=16, zero_stage=2),
+        rollout=dict(n_samples=4, temperature=1.0, top_p=0.9, top_k=32, max_new_tokens=64, placement=placement,
+                     num_gpus=share, gpu_memory_utilization=0.25, enforce_eager=True),
+        trainer=dict(lr=1e-3, micro_batch_size=16, zero_stage=2, num_gpus=share),
         data=dict(prompts_per_step=4),
     )
-    worker = ray.remote(num_gpus=0.5, num_cpus=1)(RolloutWorker).remote(cfg, path, 0)
+    pg = ColocatedPlacement(cfg)  # colocated: both actors in one GPU bundle, as the driver places them
+    worker = ray.remote(num_gpus=share, num_cpus=1)(RolloutWorker).options(**pg.options(0)).remote(cfg, path, 0)
     ray.get(worker.ready.remote())  # vLLM first: it profiles free memory at start
     _, port = local_address()
-    trainer = ray.remote(num_gpus=0.5, num_cpus=1)(PolicyTrainer).remote(cfg, path, 0, 1, "127.0.0.1", port)
+    trainer = ray.remote(num_gpus=share, num_cpus=1)(PolicyTrainer).options(**pg.options(0)).remote(
+        cfg, path, 0, 1, "127.0.0.1", port)
     ray.get(trainer.ready.remote())
     sync = VLLMWeightSync(cfg, [worker], [trainer])
     sync.init()
@@ -75,11 +85,15 @@ def setup(request, tmp_path_factory, ray_session):
                 for i, p in enumerate(chat_prompts(tok, 4))]
     trajs = ray.get(worker.generate.remote(requests, 1))
     model = load_causal_lm(path, "bfloat16", "sdpa", "cuda").eval()
-    yield dict(kind=kind, path=path, cfg=cfg, worker=worker, trainer=trainer, sync=sync, requests=requests,
-               trajs=trajs, tok=tok, model=model)
+    name = f"{kind}-{placement}"
+    yield dict(kind=kind, name=name, path=path, cfg=cfg, worker=worker, trainer=trainer, sync=sync,
+               requests=requests, trajs=trajs, tok=tok, model=model)
     ray.kill(worker)
     ray.kill(trainer)
-    print(f"\nRESULTS {kind}: {RESULTS.get(kind)}")
+    pg.remove()
+    del model
+    torch.cuda.empty_cache()
+    print(f"\nRESULTS {name}: {RESULTS.get(name)}")
 
 
 def _trainer_logprobs(model, trajs, pad_id, keep_mask: bool, replay: bool):
@@ -104,7 +118,7 @@ def test_a_step0_logprobs_match(setup):
     kept = np.concatenate([np.diff(t.mask_offsets) for t in trajs])
     positions = sum(t.num_response_tokens for t in trajs)
     truncated = sum(t.mask_truncated for t in trajs) / positions
-    res = RESULTS.setdefault(kind, {})
+    res = RESULTS.setdefault(setup["name"], {})
     res["kept_set_mean_size"] = float(kept.mean())
     res["mask_truncated_pos_frac"] = truncated
     for keep_mask in (True, False):
@@ -112,8 +126,8 @@ def test_a_step0_logprobs_match(setup):
             mean, mx, _ = _trainer_logprobs(model, trajs, tok.pad_token_id, keep_mask, replay)
             key = f"mask={'on' if keep_mask else 'off'}" + (f",routing={'on' if replay else 'off'}" if kind == "moe" else "")
             res[key] = {"mean_abs_diff": round(mean, 5), "max_abs_diff": round(mx, 5)}
-            print(f"[a] {kind} {key}: mean|trainer - vllm| = {mean:.5f}  max = {mx:.5f}")
-    print(f"[a] {kind}: kept set mean size {kept.mean():.1f}, positions with a maybe-cut set {truncated:.4f}")
+            print(f"[a] {setup['name']} {key}: mean|trainer - vllm| = {mean:.5f}  max = {mx:.5f}")
+    print(f"[a] {setup['name']}: kept set mean size {kept.mean():.1f}, positions with a maybe-cut set {truncated:.4f}")
     best = res["mask=on,routing=on" if kind == "moe" else "mask=on"]["mean_abs_diff"]
     off = res["mask=off,routing=on" if kind == "moe" else "mask=off"]["mean_abs_diff"]
     assert best < 0.05, res
@@ -124,9 +138,41 @@ def test_c_route_replay_agrees(setup):
     if setup["kind"] != "moe":
         pytest.skip("dense model: no routes")
     _, _, frac = _trainer_logprobs(setup["model"], setup["trajs"], setup["tok"].pad_token_id, True, True)
-    RESULTS["moe"]["route_mismatch_frac_step0"] = frac
+    RESULTS.setdefault(setup["name"], {})["route_mismatch_frac_step0"] = frac
     print(f"[c] moe: RouteReplay.mismatch_frac at step 0 = {frac:.4f} (share of token-layer routes that differ)")
     assert frac < 0.1
+
+
+def _set_capture(worker, mode: str | None) -> str:
+    import ray
+
+    def swap(actor, mode):
+        if mode is not None:
+            actor.engine.capture = mode
+        return actor.engine.capture
+
+    return ray.get(worker.__ray_call__.remote(swap, mode))
+
+
+def test_a2_capture_modes_agree(setup):
+    """rollout.capture=sampler (the default: rollout/vllm_capture.py hooks vLLM's sampler) and =logprobs (vLLM's
+    logprobs output) both give logprobs and kept sets that the trainer reproduces at step 0."""
+    import ray
+
+    kind, worker, model, tok = setup["kind"], setup["worker"], setup["model"], setup["tok"]
+    assert _set_capture(worker, None) == "sampler"  # the hook installed on this vLLM: setup's trajs used it
+    _set_capture(worker, "logprobs")
+    try:
+        trajs = ray.get(worker.generate.remote(setup["requests"], 2))
+    finally:
+        _set_capture(worker, "sampler")
+    res = RESULTS.setdefault(setup["name"], {})
+    for mode, tr in (("sampler", setup["trajs"]), ("logprobs", trajs)):
+        mean, mx, _ = _trainer_logprobs(model, tr, tok.pad_token_id, True, kind == "moe")
+        kept = float(np.concatenate([np.diff(t.mask_offsets) for t in tr]).mean())
+        res[f"capture={mode}"] = {"mean_abs_diff": round(mean, 5), "max_abs_diff": round(mx, 5), "kept_mean": kept}
+        print(f"[a2] {setup['name']} capture={mode}: mean|trainer - vllm| = {mean:.5f} max = {mx:.5f} kept set mean {kept:.1f}")
+        assert mean < 0.05, res
 
 
 def _hf_logprobs(model, prompts, conts) -> list[np.ndarray]:
@@ -155,7 +201,7 @@ def test_b_sync_after_step(setup):
 
     for i, t in enumerate(trajs):
         t.advantage = 1.0 if i % 2 == 0 else -1.0
-    sync.after_generate()  # colocated: vLLM sleeps (level 2) while the trainer steps
+    sync.after_generate()  # colocated: vLLM sleeps (level 2) while the trainer steps; split: no-op
     tokens = int(sum(t.generated_mask().sum() for t in trajs))
     sums = ray.get(trainer.train_step.remote([trajs], [(len(trajs), tokens)]))
     stats = sync.sync()
@@ -167,7 +213,7 @@ def test_b_sync_after_step(setup):
     hf_new = _hf_logprobs(model, prompts, conts)
     del model
 
-    res = RESULTS.setdefault(kind, {})
+    res = RESULTS.setdefault(setup["name"], {})
     res["b"] = b = {
         "vllm_old_vs_trainer_old": _mean_abs(old_v, hf_old),
         "vllm_new_vs_trainer_new": _mean_abs(new_v, hf_new),
@@ -182,6 +228,6 @@ def test_b_sync_after_step(setup):
     again = ray.get(worker.generate.remote(setup["requests"][:2], 2))
     assert len(again) == 8 and all(t.num_response_tokens > 0 for t in again)
     b["sync_seconds_awake"] = [round(sync.sync()["seconds"], 4) for _ in range(3)]
-    print(f"[b] {kind}: " + ", ".join(f"{k}={v:.5f}" if isinstance(v, float) else f"{k}={v}" for k, v in b.items()))
+    print(f"[b] {setup['name']}: " + ", ".join(f"{k}={v:.5f}" if isinstance(v, float) else f"{k}={v}" for k, v in b.items()))
     assert b["vllm_new_vs_trainer_new"] < 0.05, b
     assert b["vllm_old_vs_trainer_new"] > 3 * b["vllm_new_vs_trainer_new"], b

@@ -1,9 +1,10 @@
 """GPU weight sync trainer -> vLLM rollout workers with vLLM 0.26's native weight-transfer API.
 
 Two placements (`rollout.placement`):
-- colocated: trainer rank i and rollout worker i share GPU i (fractional Ray `num_gpus`, vLLM started first).
-  Weights go by CUDA IPC (`IPCWeightTransferEngine.trainer_send_weights`: the trainer exports handles of its own
-  parameter memory, the vLLM worker copies from them). vLLM sleeps while the trainer trains
+- colocated: trainer rank i and rollout worker i share GPU i (fractional Ray `num_gpus` in one placement-group
+  bundle, vLLM started first). Weights go by CUDA IPC (`IPCWeightTransferEngine.trainer_send_weights`, called by
+  every rank: each exports handles of its own parameter memory, they are all-gathered, rank 0 sends them to every
+  worker and each worker copies from the handle of its own GPU). vLLM sleeps while the trainer trains
   (`sleep(level)` after each rollout; `wake_up(["weights"])`, sync, `wake_up(["kv_cache"])`).
 - split: rollout workers own their GPUs; trainer rank 0 broadcasts over an NCCL group it shares with every vLLM
   worker (`NCCLWeightTransferEngine`, packed buffers). NCCL between two processes on one GPU does not work, so
@@ -156,9 +157,12 @@ class WeightSender:
     def _send_ipc(self, items, workers) -> None:
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerSendWeightsArgs, IPCWeightTransferEngine
 
-        for handle in workers:  # each colocated worker shares this rank's GPU
-            args = _make_args(IPCTrainerSendWeightsArgs, **{"send_mode|mode": "ray", "llm_handle": handle, "packed": self.packed})
-            IPCWeightTransferEngine.trainer_send_weights(iter(items), args)
+        # A collective over the trainer ranks: each exports handles of its own GPU's copy, vLLM all-gathers them
+        # and rank 0 sends every GPU's handles to every worker; a worker opens the one of its own GPU (the
+        # colocated placement put worker i on trainer rank i's GPU).
+        args = _make_args(IPCTrainerSendWeightsArgs,
+                          **{"send_mode|mode": "ray", "llm_handle": list(workers), "packed": self.packed})
+        IPCWeightTransferEngine.trainer_send_weights(iter(items), args)
 
     def _send_nccl(self, items, workers) -> None:
         import ray
@@ -191,11 +195,8 @@ class VLLMWeightSync:
         self.tp = int(r.get("tensor_parallel_size", 1))
         self.sleep_level = int(r.get("sleep_level", 2)) if (self.placement == "colocated" and r.get("enable_sleep_mode")) else 0
         if self.placement == "colocated" and (len(self.workers) != len(self.trainers) or self.tp != 1):
-            raise ValueError(
-                "rollout.placement=colocated pairs trainer rank i with rollout worker i on one GPU: it needs "
-                f"rollout.num_workers == trainer.num_processes (got {len(self.workers)} and {len(self.trainers)}) and "
-                f"tensor_parallel_size == 1 (got {self.tp}); use placement=split for tensor parallel rollouts"
-            )
+            raise ValueError("rollout.placement=colocated needs one rollout worker per trainer rank and "
+                             "tensor_parallel_size 1 (rl.config checks this at start)")
 
     def init(self) -> None:
         import ray
@@ -240,42 +241,10 @@ class VLLMWeightSync:
         t0 = time.perf_counter()
         ray.get([w.begin_weight_update.remote() for w in self.workers])
         if self.backend == "ipc":
-            targets = [[self.workers[i]] for i in range(len(self.trainers))]
+            targets = [list(self.workers) for _ in self.trainers]  # every rank takes part (see WeightSender)
         else:
             targets = [self.workers] + [[] for _ in self.trainers[1:]]
         stats = ray.get([t.send_weights.remote(targets[i]) for i, t in enumerate(self.trainers)])
         ray.get([w.end_weight_update.remote() for w in self.workers])
         return {"seconds": time.perf_counter() - t0, "send_seconds": max(s["seconds"] for s in stats),
                 "bytes": sum(s["bytes"] for s in stats), "tensors": sum(s["tensors"] for s in stats)}
-
-
-def colocated_bundles(cfg: dict):
-    """Colocated vLLM: a placement group of one GPU per trainer rank, so rollout worker i and trainer rank i land on
-    the same GPU (their fractional `num_gpus` share it). Returns i -> Ray `.options(...)` kwargs ({} otherwise)."""
-    r, t = cfg["rollout"], cfg["trainer"]
-    gpus_r, gpus_t = float(r.get("num_gpus") or 0), float(t.get("num_gpus") or 0)
-    if r["engine"] == "hf" or r.get("placement", "colocated") != "colocated" or gpus_r <= 0:
-        return lambda i: {}
-    if gpus_t <= 0 or gpus_r + gpus_t > 1.0:
-        raise ValueError(
-            f"rollout.placement=colocated: rollout.num_gpus ({gpus_r}) and trainer.num_gpus ({gpus_t}) must both be "
-            "> 0 and sum to <= 1 (e.g. 0.5 each) so a worker and a trainer rank share one GPU"
-        )
-    import ray
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    n = int(t["num_processes"])
-    cpus = float(r["num_cpus"]) + float(t["num_cpus"])
-    pg = placement_group([{"GPU": 1.0, "CPU": cpus} for _ in range(n)], strategy="PACK")
-    try:
-        ray.get(pg.ready(), timeout=300)
-    except ray.exceptions.GetTimeoutError:
-        raise RuntimeError(f"colocated placement: Ray could not reserve {n} x (1 GPU, {cpus} CPU)") from None
-
-    def bundle(i: int) -> dict:
-        if i >= n:
-            return {}
-        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)}
-
-    return bundle

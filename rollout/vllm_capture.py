@@ -1,0 +1,279 @@
+"""Sampler-side capture for vLLM 0.26 (`rollout.capture=sampler`, the default): pi_old logprobs and kept sets
+recorded on the GPU inside vLLM's worker, next to the sampler, instead of through vLLM's logprobs output.
+
+Why: asking vLLM for `logprobs=K` costs ~40% of rollout throughput at K=65 (benchmarks/README.md): every
+sampled position sends K+1 (id, logprob) pairs through the worker's `tolists`, the engine-core -> front-end
+IPC and the front-end's per-position Python bookkeeping. Here the sampler's own processed distribution
+([rows, vocab], -inf outside the top-k/top-p kept set) is reduced on the GPU, in one fused pass per row
+(rollout/kept_set.py), to what training needs:
+- the sampled token's processed logprob (one float per row),
+- the kept set: the ids whose value is finite (up to K of them, with the exact count, so a cut set is known),
+  stored compacted (CSR) - a peaked distribution keeps a handful of ids, not K,
+and moved to the CPU every `FLUSH_EVERY` steps. Generation requests vLLM no logprobs at all.
+
+Rows are tied to completions by vLLM's internal request id and the sampled token's sequence index, so
+chunked-prefill rows (discarded by vLLM), extra rows sampled past a finished request (async scheduling) and rows
+re-sampled after a preemption resolve exactly: for each (request, index) the last real row wins, and the sampled
+ids must equal vLLM's output tokens or `assemble` raises.
+
+The hook needs vLLM internals of either model runner (`SamplerCapture` lists them; checked at install); when
+they are missing the engine falls back to `rollout.capture=logprobs` with a warning. Speculative decoding
+(rejection sampler) and pipeline parallelism are not supported.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+from rollout.kept_set import reduce_rows
+
+FLUSH_EVERY = 64  # steps between GPU -> CPU moves (each one synchronises once)
+_RAND_SUFFIX = re.compile(r"-[0-9a-f]{8}$")  # vLLM appends "-<8 hex>" to every request id it is given
+
+
+class SamplerCapture:
+    """Inside one vLLM worker: wraps `runner.sampler.sample` and records rows while `active`.
+
+    vLLM 0.26 has two model runners with different samplers: V1 (`vllm/v1/worker/gpu_model_runner.py`, used for
+    MoE models, and whenever routed experts are returned) and V2 (`vllm/v1/worker/gpu/model_runner.py`, the
+    default for dense models). Per sampled row both give: the request id, the sequence index of the new token and
+    whether the row is real (a chunked-prefill row is sampled and thrown away):
+    - V1: `sample(logits, sampling_metadata)` returns processed LOGPROBS; the batch's `input_batch.req_ids`,
+      `optimistic_seq_lens_cpu` (index) and `discard_request_mask` describe the rows;
+    - V2: `sample(logits, expanded_idx_mapping, idx_mapping_np, pos, ...)` returns processed LOGITS (-inf outside
+      the kept set); rows map to requests through `req_states.index_to_req_id[idx_mapping_np]`, the index is
+      `pos + 1`, and a row is real when that index reaches the request's `prefill_len`.
+    """
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.v2 = is_v2_runner(runner)
+        self.active = False
+        self.error: str | None = None
+        self.num_ids = 0
+        self._reset()
+        sampler = runner.sampler
+        original = sampler.sample
+        record = self._record_v2 if self.v2 else self._record_v1
+
+        def sample(*args, **kwargs):
+            sampled, processed = original(*args, **kwargs)
+            if self.active:
+                try:
+                    record(sampled, processed, args, kwargs)
+                except Exception as e:  # never take vLLM's engine down: stop recording, report it at collect
+                    self.error, self.active = f"{type(e).__name__}: {e}", False
+            return sampled, processed
+
+        sampler.sample = sample  # instance attribute: the sampler calls self.sample(...)
+        if self.v2:
+            # FlashInfer's sampler never materialises the top-k/top-p masked logits this capture reads.
+            sampler.use_flashinfer = False
+
+    def _reset(self) -> None:
+        self._gpu: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
+        self._meta: list[tuple[list, np.ndarray | torch.Tensor, np.ndarray | None, np.ndarray]] = []
+        self._cpu: list[dict] = []
+
+    def start(self, num_ids: int) -> None:
+        self._reset()
+        self.num_ids = int(num_ids)
+        self.error = None
+        self.active = True
+
+    def _record_v1(self, sampled, processed, args, kwargs) -> None:
+        logits = args[0] if args else kwargs["logits"]
+        n = int(sampled.shape[0])
+        runner = self.runner
+        keep = ~np.asarray(runner.discard_request_mask.np[:n], dtype=bool)
+        index = runner.optimistic_seq_lens_cpu[:n].numpy().astype(np.int64)  # sequence index of the new token
+        if processed is None:  # all-greedy batch: vLLM computed no processed logprobs
+            processed = logits.log_softmax(dim=-1, dtype=torch.float32)
+        self._record(sampled, processed, False, list(runner.input_batch.req_ids[:n]), index, None, keep)
+
+    def _record_v2(self, sampled, processed_logits, args, kwargs) -> None:
+        names = ("logits", "expanded_idx_mapping", "idx_mapping_np", "pos")
+        got = dict(zip(names, args))
+        got.update({k: kwargs[k] for k in names if k in kwargs})
+        idx = np.asarray(got["idx_mapping_np"]).astype(np.int64)
+        n = int(sampled.reshape(-1).shape[0])
+        if len(idx) != n:  # several logits per request (speculative decoding): refused at install
+            raise RuntimeError(f"sampler capture: {n} sampled rows for {len(idx)} requests")
+        table = self.runner.req_states.index_to_req_id
+        req_ids = [table.get(int(i)) for i in idx]
+        prefill = self.runner.req_states.prefill_len.np[np.maximum(idx, 0)].astype(np.int64)
+        floor = np.where(idx >= 0, prefill, np.iinfo(np.int64).max)
+        keep = np.array([r is not None for r in req_ids], dtype=bool)
+        index = got["pos"].reshape(-1)[:n].to(torch.int64) + 1  # on the GPU: read back at the next flush
+        self._record(sampled, processed_logits, True, req_ids, index, floor, keep)
+
+    def _record(self, sampled, processed, logits: bool, req_ids, index, floor, keep) -> None:
+        """processed: logprobs, or logits (any per-row offset); both -inf outside the kept set."""
+        lp, ids, total = reduce_rows(processed, sampled, self.num_ids, logits)
+        self._gpu.append((sampled.reshape(-1).to(torch.int32), lp, ids, total))
+        self._meta.append((req_ids, index, floor, keep))
+        if len(self._gpu) >= FLUSH_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._gpu:
+            return
+        tok = torch.cat([g[0] for g in self._gpu])
+        lp = torch.cat([g[1] for g in self._gpu])
+        chunk = dict(tok=tok.cpu().numpy(), lp=lp.cpu().numpy())
+        if self._gpu[0][2] is not None:
+            ids = torch.cat([g[2] for g in self._gpu])
+            valid = ids >= 0
+            chunk["count"] = valid.sum(1, dtype=torch.int32).cpu().numpy()
+            chunk["flat"] = ids[valid].cpu().numpy()  # kept ids are a prefix of each row: row order is kept
+            chunk["total"] = torch.cat([g[3] for g in self._gpu]).cpu().numpy()
+        index = [m[1].cpu().numpy() if isinstance(m[1], torch.Tensor) else m[1] for m in self._meta]
+        keep = [m[3] if m[2] is None else m[3] & (i >= m[2]) for m, i in zip(self._meta, index)]
+        chunk["req"] = [r for m in self._meta for r in m[0]]
+        chunk["keep"] = np.concatenate(keep)
+        chunk["index"] = np.concatenate(index).astype(np.int64)
+        self._cpu.append(chunk)
+        self._gpu, self._meta = [], []
+
+    def collect(self) -> dict:
+        """Stop recording; every row since `start` as flat numpy arrays (see `assemble`)."""
+        if self.error is not None:
+            self.active, self._cpu = False, []
+            return {"error": self.error}
+        self.flush()
+        self.active = False
+        chunks, self._cpu = self._cpu, []
+        return merge_chunks(chunks, with_ids=self.num_ids > 0)
+
+
+def is_v2_runner(runner) -> bool:
+    """vLLM's V2 GPU model runner (per-request state in `req_states`, sampler with `sampling_states`)."""
+    return hasattr(runner, "req_states") and hasattr(getattr(runner, "sampler", None), "sampling_states")
+
+
+def merge_chunks(chunks: list[dict], with_ids: bool) -> dict:
+    """Concatenate flushed chunks, dropping rows vLLM discards (partial prefill); request ids become codes."""
+    if not chunks:
+        empty = np.zeros(0, np.int32)
+        return dict(req_ids=[], req=empty, index=np.zeros(0, np.int64), tok=empty, lp=np.zeros(0, np.float32),
+                    count=empty if with_ids else None, flat=empty if with_ids else None,
+                    total=empty if with_ids else None)
+    keep = np.concatenate([c["keep"] for c in chunks])
+    names = [r for c in chunks for r in c["req"]]
+    table: dict[str, int] = {}
+    codes = np.fromiter((table.setdefault(r, len(table)) for r in names), dtype=np.int32, count=len(names))
+    out = dict(req_ids=list(table), req=codes[keep], index=np.concatenate([c["index"] for c in chunks])[keep],
+               tok=np.concatenate([c["tok"] for c in chunks])[keep], lp=np.concatenate([c["lp"] for c in chunks])[keep],
+               count=None, flat=None, total=None)
+    if with_ids:
+        count = np.concatenate([c["count"] for c in chunks])
+        flat = np.concatenate([c["flat"] for c in chunks])
+        out["count"] = count[keep]
+        out["flat"] = flat[np.repeat(keep, count)]
+        out["total"] = np.concatenate([c["total"] for c in chunks])[keep]
+    return out
+
+
+def request_key(internal_id: str) -> str:
+    """vLLM's internal id -> the id we can rebuild from an output: "<ext>" (n=1) or "<index>_<ext>" (n>1)."""
+    return _RAND_SUFFIX.sub("", internal_id)
+
+
+def completion_key(external_id: str, index: int, n: int) -> str:
+    return f"{index}_{external_id}" if n > 1 else str(external_id)
+
+
+def assemble(data: dict, completions: list[tuple[str, int, np.ndarray]], num_ids: int) -> list[dict]:
+    """Rows -> per completion (key, prompt length P, output token ids): sampled logprobs, kept-set CSR and cut flags
+    (a position whose kept set has more than `num_ids` ids: only the first `num_ids` were stored).
+
+    The row for output token t is the last one recorded for (key, index P + t). Raises when a token has no row
+    or the recorded sampled id differs from vLLM's output (the capture would be out of step with the sample).
+    """
+    code_of = {request_key(r): i for i, r in enumerate(data["req_ids"])}
+    req, index = data["req"], data["index"]
+    with_ids = data.get("flat") is not None and num_ids > 0
+    if with_ids:
+        row_start = np.zeros(len(req) + 1, np.int64)
+        np.cumsum(data["count"], out=row_start[1:])
+    order = np.lexsort((np.arange(len(req)), index, req))  # by request, then index, then recording order
+    bounds = np.searchsorted(req[order], np.arange(len(data["req_ids"]) + 1))
+    out = []
+    for key, P, tokens in completions:
+        R = len(tokens)
+        result = dict(logprobs=np.zeros(R, np.float32), mask_ids=None, mask_offsets=None, cut=None)
+        if R == 0:
+            if with_ids:
+                result.update(mask_ids=np.zeros(0, np.int32), mask_offsets=np.zeros(1, np.int64),
+                              cut=np.zeros(0, bool))
+            out.append(result)
+            continue
+        code = code_of.get(key)
+        if code is None:
+            raise RuntimeError(f"sampler capture: no rows for request {key!r} (capture out of step with vLLM)")
+        rows = order[bounds[code] : bounds[code + 1]]
+        t = index[rows] - int(P)
+        rows, t = rows[(t >= 0) & (t < R)], t[(t >= 0) & (t < R)]
+        last = np.ones(len(t), bool)
+        last[:-1] = t[1:] != t[:-1]  # rows are sorted by t then recording order: keep the last of each t
+        rows, t = rows[last], t[last]
+        if len(t) != R or not np.array_equal(data["tok"][rows], np.asarray(tokens, dtype=data["tok"].dtype)):
+            raise RuntimeError(
+                f"sampler capture: rows of request {key!r} do not match its {R} output tokens "
+                f"({len(t)} rows found); set rollout.capture=logprobs to use vLLM's logprobs output instead"
+            )
+        result["logprobs"] = data["lp"][rows].astype(np.float32)
+        if with_ids:
+            counts = data["count"][rows].astype(np.int64)
+            offsets = np.zeros(R + 1, np.int64)
+            np.cumsum(counts, out=offsets[1:])
+            starts = row_start[rows]
+            gather = np.repeat(starts - offsets[:-1], counts) + np.arange(offsets[-1])
+            result.update(mask_ids=data["flat"][gather].astype(np.int32), mask_offsets=offsets,
+                          cut=data["total"][rows] > num_ids)  # more kept ids than were stored
+        out.append(result)
+    return out
+
+
+# -- RPCs (run inside every vLLM worker through LLM.collective_rpc; only the driver rank records) -------------
+def install_rpc(worker) -> str | None:
+    """Wrap the sampler; returns None on success or the reason it cannot be done on this vLLM."""
+    runner = getattr(worker, "model_runner", None)
+    sampler = getattr(runner, "sampler", None)
+    if is_v2_runner(runner):
+        needs = (
+            ("model_runner.sampler.sample", hasattr(sampler, "sample")),
+            ("model_runner.req_states.index_to_req_id", hasattr(runner.req_states, "index_to_req_id")),
+            ("model_runner.req_states.prefill_len", hasattr(getattr(runner.req_states, "prefill_len", None), "np")),
+        )
+    else:
+        needs = (
+            ("model_runner.sampler.sample", hasattr(sampler, "sample")),
+            ("model_runner.input_batch.req_ids", hasattr(getattr(runner, "input_batch", None), "req_ids")),
+            ("model_runner.discard_request_mask", hasattr(runner, "discard_request_mask")),
+            ("model_runner.optimistic_seq_lens_cpu", hasattr(runner, "optimistic_seq_lens_cpu")),
+        )
+    for what, ok in needs:
+        if not ok:
+            return f"this vLLM has no {what}"
+    if getattr(runner, "speculative_config", None) is not None:
+        return "speculative decoding samples with the rejection sampler"
+    if getattr(getattr(runner, "parallel_config", None), "pipeline_parallel_size", 1) > 1:
+        return "with pipeline parallelism the driver rank does not sample"
+    if getattr(worker, "rank", 0) == 0 and getattr(worker, "_mixrl_capture", None) is None:
+        worker._mixrl_capture = SamplerCapture(runner)
+    return None
+
+
+def start_rpc(worker, num_ids: int) -> None:
+    cap = getattr(worker, "_mixrl_capture", None)
+    if cap is not None:
+        cap.start(num_ids)
+
+
+def collect_rpc(worker) -> dict | None:
+    cap = getattr(worker, "_mixrl_capture", None)
+    return cap.collect() if cap is not None else None

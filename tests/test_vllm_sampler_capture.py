@@ -1,0 +1,254 @@
+"""CPU checks of `rollout.vllm_capture` (rollout.capture=sampler) without vLLM: the sampler wrapper records rows
+from stand-ins for vLLM 0.26's two GPU model runners (V1: used for MoE / routed experts; V2: the default for dense
+models; only the attributes the hook reads), driven through one schedule with chunked prefill, requests joining
+and leaving, an extra row past a finished request (async scheduling) and a preemption whose re-prefill samples a
+throw-away row and then re-samples a position. `assemble` must give every completion exactly its tokens'
+logprobs and kept sets. The real runners are exercised on the GPU (tests/test_vllm_gpu.py,
+benchmarks/rollout_capture.py)."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import rollout.vllm_capture as vc
+from rollout.sampling import process_logits
+
+V, TOP_K, TOP_P = 50, 8, 0.9
+
+
+class Runner:
+    """V1 runner: `sample(logits, sampling_metadata)` -> (sampled, processed logprobs); the batch is described by
+    `input_batch.req_ids`, `optimistic_seq_lens_cpu` and `discard_request_mask`. `sample` is a real top-k/top-p
+    sampler (rollout.sampling)."""
+
+    def __init__(self, top_k=TOP_K):
+        self.top_k = top_k
+        self.sampler = SimpleNamespace(sample=self._sample)
+        self.input_batch = SimpleNamespace(req_ids=[])
+        self.discard_request_mask = SimpleNamespace(np=np.zeros(16, bool))
+        self.optimistic_seq_lens_cpu = torch.zeros(16, dtype=torch.int32)
+        self.speculative_config = None
+
+    def _sample(self, logits, sampling_metadata, logprobs_mode_override=None):
+        processed = process_logits(logits, temperature=1.0, top_k=self.top_k, top_p=TOP_P)
+        return torch.multinomial(processed.exp(), 1).squeeze(1), processed
+
+    def step(self, rows, logits):
+        n = len(rows)
+        self.input_batch.req_ids = [r[0] for r in rows] + [None]  # vLLM's list can be longer than the batch
+        self.discard_request_mask.np[:n] = [r[2] for r in rows]
+        self.optimistic_seq_lens_cpu[:n] = torch.tensor([r[1] for r in rows])
+        sampled, processed = self.sampler.sample(logits, None)
+        return sampled, processed
+
+
+class RunnerV2:
+    """V2 runner: `sample(logits, expanded_idx_mapping, idx_mapping_np, pos, ...)` -> (sampled, processed LOGITS,
+    -inf outside the kept set; any offset per row); rows map to request slots (`req_states`), the new token's
+    index is pos + 1, and rows whose index is below the request's prefill_len are thrown away by vLLM."""
+
+    def __init__(self, top_k=TOP_K):
+        self.top_k = top_k
+        self.sampler = SimpleNamespace(sample=self._sample, sampling_states=object(), use_flashinfer=True)
+        self.req_states = SimpleNamespace(index_to_req_id={}, prefill_len=SimpleNamespace(np=np.zeros(16, np.int32)))
+        self.speculative_config = None
+        self.slots: dict[str, int] = {}
+
+    def _sample(self, logits, expanded_idx_mapping, idx_mapping_np, pos, input_ids, expanded_local_pos,
+                return_logprobs=False):
+        processed = process_logits(logits, temperature=1.0, top_k=self.top_k, top_p=TOP_P)
+        sampled = torch.multinomial(processed.exp(), 1).squeeze(1)
+        return sampled, (processed + 3.7).to(torch.bfloat16).float()  # logits, not logprobs
+
+    def step(self, rows, logits):
+        for rid, _, _, prefill in rows:
+            slot = self.slots.setdefault(rid, len(self.slots) + 3)
+            self.req_states.index_to_req_id[slot] = rid
+            self.req_states.prefill_len.np[slot] = prefill
+        idx = np.array([self.slots[r[0]] for r in rows])
+        pos = torch.tensor([r[1] - 1 for r in rows])
+        sampled, logits_out = self.sampler.sample(logits, torch.from_numpy(idx), idx, pos, None, None)
+        return sampled, logits_out.log_softmax(-1)
+
+
+def _run_schedule(runner, gen, steps):
+    """steps: list of [(req_id, seq_index, discard, prefill_len)] rows. Returns the truth per (request, index)."""
+    truth = {}  # (req, index) -> (token, logprob, kept set), the last real sample wins
+    for rows in steps:
+        logits = torch.randn(len(rows), V, generator=gen, dtype=torch.float64).float() * 3
+        sampled, processed = runner.step(rows, logits)
+        for i, (rid, index, discard, _) in enumerate(rows):
+            if not discard:
+                tok = int(sampled[i])
+                kept = set(torch.isfinite(processed[i]).nonzero().squeeze(1).tolist())
+                truth[(rid, index)] = (tok, float(processed[i, tok]), kept)
+    return truth
+
+
+def _install(runner):
+    worker = SimpleNamespace(model_runner=runner, rank=0)
+    assert vc.install_rpc(worker) is None
+    return worker
+
+
+SCHEDULE = [
+    # step 0: "0_7-aaaaaaaa" (prompt 5) prefilled in two chunks: the first chunk's row is thrown away
+    [("0_7-aaaaaaaa", 3, True, 5), ("1_7-bbbbbbbb", 5, False, 5)],
+    [("0_7-aaaaaaaa", 5, False, 5), ("1_7-bbbbbbbb", 6, False, 5), ("8-cccccccc", 2, False, 2)],
+    [("0_7-aaaaaaaa", 6, False, 5), ("1_7-bbbbbbbb", 7, False, 5), ("8-cccccccc", 3, False, 2)],
+    # "1_7" finished at index 7 (3 tokens); async scheduling still samples index 8 for it
+    [("1_7-bbbbbbbb", 8, False, 5), ("8-cccccccc", 4, False, 2), ("0_7-aaaaaaaa", 7, False, 5)],
+    # "8" was preempted after index 4 was sampled but before it was kept: re-prefilled (prompt + 2 outputs) in
+    # two chunks, whose first row (index 3, which already has its real row) is thrown away; index 4 sampled again
+    [("8-cccccccc", 3, True, 4), ("0_7-aaaaaaaa", 8, False, 5)],
+    [("8-cccccccc", 4, False, 4)],
+    [("8-cccccccc", 5, False, 4)],
+]
+# what vLLM outputs: key (from the external id), prompt length, number of output tokens
+OUTPUTS = [("0_7", 5, 4), ("1_7", 5, 3), ("8", 2, 4)]
+
+
+def _completions(truth, internal):
+    comps = []
+    for key, P, R in OUTPUTS:
+        comps.append((key, P, np.array([truth[(internal[key], P + t)][0] for t in range(R)], dtype=np.int64)))
+    return comps
+
+
+@pytest.mark.parametrize("runner_cls", [Runner, RunnerV2])
+@pytest.mark.parametrize("flush_every", [1, 2, 64])
+def test_sampler_capture_gives_each_completion_its_rows(monkeypatch, flush_every, runner_cls):
+    monkeypatch.setattr(vc, "FLUSH_EVERY", flush_every)
+    runner = runner_cls()
+    worker = _install(runner)
+    K = TOP_K + 1
+    vc.start_rpc(worker, K)
+    truth = _run_schedule(runner, torch.Generator().manual_seed(0), SCHEDULE)
+    rows = vc.collect_rpc(worker)
+    assert not worker._mixrl_capture.active
+    internal = {vc.request_key(r): r for r in rows["req_ids"]}
+    assert set(internal) == {"0_7", "1_7", "8"}
+    comps = _completions(truth, internal)
+    out = vc.assemble(rows, comps, K)
+    for (key, P, toks), got in zip(comps, out):
+        R = len(toks)
+        assert len(got["logprobs"]) == R and len(got["mask_offsets"]) == R + 1
+        for t in range(R):
+            tok, lp, kept = truth[(internal[key], P + t)]
+            assert got["logprobs"][t] == pytest.approx(lp, abs=1e-5)
+            ids = got["mask_ids"][got["mask_offsets"][t] : got["mask_offsets"][t + 1]]
+            assert set(ids.tolist()) == kept and len(ids) == len(kept) and tok in kept
+        assert not got["cut"].any()  # K = top_k + 1 holds every top-k set
+
+
+@pytest.mark.parametrize("runner_cls", [Runner, RunnerV2])
+def test_cut_rows_are_flagged_and_logprob_only_mode(runner_cls):
+    runner = runner_cls(top_k=0)  # top-p alone over 50 ids: kept sets can exceed K
+    worker = _install(runner)
+    vc.start_rpc(worker, 4)
+    truth = _run_schedule(runner, torch.Generator().manual_seed(1), SCHEDULE)
+    rows = vc.collect_rpc(worker)
+    internal = {vc.request_key(r): r for r in rows["req_ids"]}
+    comps = _completions(truth, internal)
+    for (key, P, toks), got in zip(comps, vc.assemble(rows, comps, 4)):
+        sizes = np.array([len(truth[(internal[key], P + t)][2]) for t in range(len(toks))])
+        assert np.array_equal(got["cut"], sizes > 4)  # exact: a set of exactly K ids is whole
+        assert (np.diff(got["mask_offsets"]) == np.minimum(sizes, 4)).all()
+    # K = 0: logprobs only (no truncation to replay)
+    vc.start_rpc(worker, 0)
+    truth = _run_schedule(runner, torch.Generator().manual_seed(2), SCHEDULE)
+    rows = vc.collect_rpc(worker)
+    assert rows["flat"] is None
+    internal = {vc.request_key(r): r for r in rows["req_ids"]}
+    comps = _completions(truth, internal)
+    for (key, P, toks), got in zip(comps, vc.assemble(rows, comps, 0)):
+        assert got["mask_ids"] is None
+        want = [truth[(internal[key], P + t)][1] for t in range(len(toks))]
+        np.testing.assert_allclose(got["logprobs"], want, atol=1e-5)
+
+
+def test_assemble_refuses_rows_out_of_step():
+    runner = Runner()
+    worker = _install(runner)
+    vc.start_rpc(worker, TOP_K + 1)
+    truth = _run_schedule(runner, torch.Generator().manual_seed(3), SCHEDULE)
+    rows = vc.collect_rpc(worker)
+    internal = {vc.request_key(r): r for r in rows["req_ids"]}
+    comps = _completions(truth, internal)
+    bad_token = [(k, P, np.where(np.arange(len(t)) == 1, (t + 1) % V, t)) for k, P, t in comps]
+    with pytest.raises(RuntimeError, match="do not match"):
+        vc.assemble(rows, bad_token, TOP_K + 1)
+    too_long = [(k, P, np.concatenate([t, [0]])) for k, P, t in comps]
+    with pytest.raises(RuntimeError, match="do not match"):
+        vc.assemble(rows, too_long, TOP_K + 1)
+    with pytest.raises(RuntimeError, match="no rows"):
+        vc.assemble(rows, [("9", 3, np.array([1]))], TOP_K + 1)
+    # an empty completion needs no rows
+    empty = vc.assemble(rows, [("9", 3, np.zeros(0, np.int64))], TOP_K + 1)[0]
+    assert len(empty["logprobs"]) == 0 and list(empty["mask_offsets"]) == [0]
+
+
+def test_capture_is_idle_until_started_and_ids_parse():
+    runner = Runner()
+    worker = _install(runner)
+    _run_schedule(runner, torch.Generator().manual_seed(4), SCHEDULE[:2])  # e.g. scoring calls: not recorded
+    vc.start_rpc(worker, 3)
+    rows = vc.collect_rpc(worker)
+    assert rows["req_ids"] == [] and len(rows["tok"]) == 0
+    assert vc.request_key("3_12-0f1e2d3c") == "3_12" and vc.request_key("12-0f1e2d3c") == "12"
+    assert vc.request_key("12") == "12"  # VLLM_DISABLE_REQUEST_ID_RANDOMIZATION
+    assert vc.completion_key("12", 3, n=4) == "3_12" and vc.completion_key("12", 0, n=1) == "12"
+    # a vLLM without the attributes the hook reads is refused with the reason (the engine then uses logprobs)
+    del runner.optimistic_seq_lens_cpu
+    assert "optimistic_seq_lens_cpu" in vc.install_rpc(SimpleNamespace(model_runner=runner, rank=0))
+    v2 = RunnerV2()
+    assert vc.install_rpc(SimpleNamespace(model_runner=v2, rank=0)) is None
+    assert v2.sampler.use_flashinfer is False  # FlashInfer's sampler never materialises the masked logits
+    del v2.req_states.prefill_len
+    assert "prefill_len" in vc.install_rpc(SimpleNamespace(model_runner=v2, rank=0))
+    pp = Runner()
+    pp.parallel_config = SimpleNamespace(pipeline_parallel_size=2)
+    assert "pipeline" in vc.install_rpc(SimpleNamespace(model_runner=pp, rank=0))
+    # tensor-parallel ranks other than the driver do not record
+    assert vc.install_rpc(SimpleNamespace(model_runner=Runner(), rank=1)) is None
+    assert vc.collect_rpc(SimpleNamespace(model_runner=Runner(), rank=1)) is None
+
+
+def test_a_failing_record_never_breaks_sampling():
+    """A capture that cannot record (here: vLLM's V2 batch is not one logit per request) stops recording and
+    reports why at collect; vLLM's own sampling goes on untouched."""
+    runner = RunnerV2()
+    worker = _install(runner)
+    vc.start_rpc(worker, TOP_K + 1)
+    logits = torch.randn(3, V)
+    sampled, _ = runner.sampler.sample(logits, None, np.array([3, 4]), torch.tensor([1, 2, 3]), None, None)
+    assert sampled.shape == (3,)
+    assert "RuntimeError" in vc.collect_rpc(worker)["error"]
+    vc.start_rpc(worker, TOP_K + 1)  # the next generate starts clean
+    _run_schedule(runner, torch.Generator().manual_seed(5), SCHEDULE[:1])
+    assert "error" not in vc.collect_rpc(worker)
+
+
+@pytest.mark.parametrize("logits", [False, True])
+def test_reduce_rows_matches_a_direct_computation(logits):
+    """rollout.kept_set.reduce_rows (the torch path; the Triton kernel is compared with it on the GPU)."""
+    from rollout.kept_set import reduce_rows_torch
+
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(6, 40, generator=gen, dtype=torch.float64)
+    keep_counts = [1, 3, 5, 6, 7, 40]  # below, at and above K = 6
+    for r, k in enumerate(keep_counts):
+        x[r, torch.randperm(40, generator=gen)[k:]] = float("-inf")
+    processed = x + 2.5 if logits else torch.log_softmax(x, dim=-1)
+    sampled = torch.tensor([int(torch.isfinite(x[r]).nonzero()[0]) for r in range(6)])
+    lp, ids, total = reduce_rows_torch(processed, sampled, 6, logits=logits)
+    want = torch.log_softmax(x, dim=-1)[torch.arange(6), sampled]
+    torch.testing.assert_close(lp.double(), want, atol=1e-5, rtol=0)
+    assert total.tolist() == keep_counts
+    for r, k in enumerate(keep_counts):
+        kept = torch.isfinite(x[r]).nonzero().squeeze(1).tolist()
+        assert ids[r].tolist() == (kept + [-1] * 6)[:6]  # the first K kept ids in id order, -1 after
+    lp_only, none_ids, none_total = reduce_rows_torch(processed, sampled, 0, logits=logits)
+    assert none_ids is None and none_total is None and torch.equal(lp_only, lp)

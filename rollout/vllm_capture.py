@@ -130,11 +130,14 @@ class SamplerCapture:
             chunk["count"] = valid.sum(1, dtype=torch.int32).cpu().numpy()
             chunk["flat"] = ids[valid].cpu().numpy()  # kept ids are a prefix of each row: row order is kept
             chunk["total"] = torch.cat([g[3] for g in self._gpu]).cpu().numpy()
-        index = [m[1].cpu().numpy() if isinstance(m[1], torch.Tensor) else m[1] for m in self._meta]
-        keep = [m[3] if m[2] is None else m[3] & (i >= m[2]) for m, i in zip(self._meta, index)]
+        index = [m[1] for m in self._meta]  # V1: numpy per step; V2: GPU tensors, read back in one copy
+        index = torch.cat(index).cpu().numpy() if self.v2 else np.concatenate(index)
+        keep = np.concatenate([m[3] for m in self._meta])
+        if self.v2:  # a row is real once its new token lies past the request's prefill
+            keep &= index >= np.concatenate([m[2] for m in self._meta])
         chunk["req"] = [r for m in self._meta for r in m[0]]
-        chunk["keep"] = np.concatenate(keep)
-        chunk["index"] = np.concatenate(index).astype(np.int64)
+        chunk["keep"] = keep
+        chunk["index"] = index.astype(np.int64)
         self._cpu.append(chunk)
         self._gpu, self._meta = [], []
 

@@ -8,12 +8,8 @@ logits: 512 rows x Qwen's vocabulary 151936, bf16, top_k=64 + top_p=0.95, K = 65
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def topk_version(processed, sampled, K):

@@ -23,8 +23,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from rl.logprobs import keep_matrix, token_logprobs  # noqa: E402
+from rl.logprobs import kept_matrix, token_logprobs
 
 
 def make_inputs(args, device):
@@ -36,23 +35,23 @@ def make_inputs(args, device):
     hidden = torch.randn(N, H, generator=g).div_(H**0.25).to(device, dtype).requires_grad_()
     weight = torch.randn(V, H, generator=g).div_(H**0.25).to(device, dtype).requires_grad_()
     targets = torch.randint(0, V, (N,), generator=g).to(device)
-    mask_ids = torch.randint(0, V, (N * K,), generator=g, dtype=torch.int32).to(device)
-    mask_offsets = (torch.arange(N + 1) * K).to(device)
-    return hidden, weight, targets, mask_ids, mask_offsets
+    kept_ids = torch.randint(0, V, (N * K,), generator=g, dtype=torch.int32).to(device)
+    kept_offsets = (torch.arange(N + 1) * K).to(device)
+    return hidden, weight, targets, kept_ids, kept_offsets
 
 
-def run_chunked(args, hidden, weight, targets, mask_ids, mask_offsets):
+def run_chunked(args, hidden, weight, targets, kept_ids, kept_offsets):
     logp, _ = token_logprobs(
-        hidden, weight, targets, temperature=args.temperature, mask_ids=mask_ids, mask_offsets=mask_offsets,
+        hidden, weight, targets, temperature=args.temperature, kept_ids=kept_ids, kept_offsets=kept_offsets,
         chunk_size=args.chunk_size,
     )
     logp.sum().backward()
 
 
-def run_naive(args, hidden, weight, targets, mask_ids, mask_offsets):
+def run_naive(args, hidden, weight, targets, kept_ids, kept_offsets):
     N, V = hidden.shape[0], weight.shape[0]
     logits = (hidden @ weight.T).float() / args.temperature
-    keep = keep_matrix(mask_ids, mask_offsets.cpu(), targets, 0, N, V)
+    keep = kept_matrix(kept_ids, kept_offsets.cpu(), targets, 0, N, V)
     logits.masked_fill_(~keep, float("-inf"))  # in place: the kindest naive version
     del keep
     logp = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).squeeze(1)

@@ -13,17 +13,13 @@ import argparse
 import json
 import logging
 import os
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from rewards.compose import RewardComposer  # noqa: E402
-from rl.trajectory import Trajectory  # noqa: E402
+from rewards.compose import RewardComposer
+from rl.data import BUNDLED_DIR
+from rl.trajectory import Trajectory
 
 MATH_FORMS = [
     ("\\boxed{\\frac{1}{2}}", "0.5"), ("The answer is 0.75.", "3/4"), ("\\boxed{[1,3)}", "[1,3)"),
@@ -34,7 +30,7 @@ MATH_FORMS = [
 
 def traj(i, domain, text, sample):
     return Trajectory(uid=str(i), group_id=str(i), domain=domain, prompt_ids=[1], response_ids=np.zeros(200),
-                      sampling_logprobs=np.zeros(200), response_text=text, sample=sample)
+                      inference_logprobs=np.zeros(200), response_text=text, sample=sample)
 
 
 def math_batch(n):
@@ -46,7 +42,7 @@ def math_batch(n):
 
 
 def code_batch(n):
-    rows = [json.loads(x) for x in (REPO / "rl/bundled/code.jsonl").read_text().splitlines() if x.strip()]
+    rows = [json.loads(x) for x in (BUNDLED_DIR / "code.jsonl").read_text().splitlines() if x.strip()]
     out = []
     for i in range(n):
         r = rows[i % len(rows)]

@@ -27,12 +27,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 
 def child(args) -> None:
-    from gpu_helpers import MOE_1B, QWEN3_06B, build_model, chat_prompts
+    from launch.testbed import MOE_1B, QWEN3_06B, build_model, chat_prompts
 
     from rollout.sampling import SamplingParams
     from rollout.vllm_engine import VLLMEngine
@@ -58,9 +56,9 @@ def child(args) -> None:
                    tokens_per_s=round(tokens / dt, 1), convert_seconds=round(engine.last_convert_seconds, 3),
                    collect_seconds=round(engine.last_collect_seconds, 3) if mode == "sampler" else 0.0)
         if capture:
-            kept = sum(int(g.mask_offsets[-1]) for g in gens if g.mask_offsets is not None)
+            kept = sum(int(g.kept_offsets[-1]) for g in gens if g.kept_offsets is not None)
             row["kept_ids_per_token"] = round(kept / max(tokens, 1), 2)
-            row["mask_truncated_pos_frac"] = round(sum(g.mask_truncated for g in gens) / max(tokens, 1), 4)
+            row["mask_truncated_pos_frac"] = round(sum(g.kept_set_cut for g in gens) / max(tokens, 1), 4)
             row["has_routes"] = all(g.routed_experts is not None for g in gens) if args.routes else False
         print("RESULT " + json.dumps(row), flush=True)
 

@@ -15,13 +15,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 
 def main() -> None:
@@ -35,12 +32,13 @@ def main() -> None:
     import ray
     import torch
 
-    from gpu_helpers import QWEN3_06B, base_cfg, build_model, chat_prompts
-    from rl.cluster import ColocatedPlacement
+    from launch.placement import ColocatedPlacement
+    from launch.testbed import QWEN3_06B, base_cfg, build_model, chat_prompts
+    from launch.weight_sync import VLLMWeightSync
     from rl.models import load_tokenizer
     from rollout.worker import RolloutWorker
     from trainer.policy import PolicyTrainer
-    from trainer.weight_sync import VLLMWeightSync, local_address
+    from trainer.dist import free_port
 
     path = build_model(Path(args.workdir or tempfile.mkdtemp(prefix="wsync-")) / "dense06b", QWEN3_06B)
     gpus = torch.cuda.device_count()
@@ -65,7 +63,7 @@ def main() -> None:
         ray.get(worker.ready.remote())
         for zero in args.zero:
             cfg["trainer"]["zero_stage"] = zero
-            _, port = local_address()
+            port = free_port()
             trainer = ray.remote(num_gpus=share, num_cpus=1)(PolicyTrainer).options(**pg.options(0)).remote(
                 cfg, path, 0, 1, "127.0.0.1", port)
             ray.get(trainer.ready.remote())

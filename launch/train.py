@@ -15,8 +15,8 @@ CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from launch.loop import train
     from rl.config import ConfigError
-    from rl.driver import train
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -26,6 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from rl.config import to_plain
 from rl.trajectory import Trajectory
 
 from .catalog import RESERVED, REWARDS
@@ -47,18 +48,6 @@ def required_fields(parts_cfg) -> set[str]:
 # Grace on top of a "threads" part's timeout: the sandbox finishes its current run (<= wall_s) before stopping.
 THREAD_GRACE_S = 30.0
 MAX_WARNINGS_PER_BATCH = 5
-
-
-def to_plain(cfg: Any) -> Any:
-    """OmegaConf containers -> plain dicts/lists (resolved); anything else unchanged."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(cfg, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return cfg
 
 
 @dataclass

@@ -22,15 +22,16 @@ most signal: the approach and the conclusion), then, only if that is not enough,
 a "[... N tokens omitted ...]" marker tells the judge. The policy's text is tokenised again here with the judge's
 tokenizer: unavoidable for a different model, and nothing of it flows back into training as token ids.
 
-`JudgeWorker` is the Ray actor body (the driver wraps it with `ray.remote`); `RubricJudge` is the plain class it
-owns, also used in-process by `python -m rewards score` and the tests.
+`RubricJudge` needs only the judge model's tokenizer and two callables: text generation (text mode) and next-token
+logprobs (expected mode). The engine behind them, and the Ray actor that serves one judge to every reward worker,
+live in `rollout/judge_worker.py`; the reward-scoring CLI builds one in-process.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -132,21 +133,28 @@ def parse_score(text: str, score_max: int) -> tuple[int | None, str | None]:
 
 
 # ------------------------------------------------------------------------------------------ the judge
-class RubricJudge:
-    """Scores requests with an engine (`generate`, and `next_token_logprobs` for expected mode) + its tokenizer."""
+# (prompt token ids, max_new_tokens, temperature, seed) -> one decoded text per prompt
+GenerateTexts = Callable[[list[list[int]], int, float, int], list[str]]
+# (prompt token ids, candidate token ids) -> [prompts, candidates] logprobs of each candidate as the next token
+NextTokenLogprobs = Callable[[list[list[int]], list[int]], np.ndarray]
 
-    def __init__(self, engine, mode: str = "expected", score_max: int = 9, max_prompt_tokens: int = 2048,
-                 max_new_tokens: int = 32, temperature: float = 0.0, seed: int = 0, tokenizer=None):
+
+class RubricJudge:
+    """Scores requests with a judge model given as its tokenizer, `generate_texts` and, for expected mode,
+    `next_token_logprobs` (without it, expected mode falls back to text)."""
+
+    def __init__(self, tokenizer, generate_texts: GenerateTexts, next_token_logprobs: NextTokenLogprobs | None = None,
+                 mode: str = "expected", score_max: int = 9, max_prompt_tokens: int = 2048, max_new_tokens: int = 32,
+                 temperature: float = 0.0, seed: int = 0):
         if mode not in ("expected", "text"):
             raise ValueError(f"rewards.judge.mode must be 'expected' or 'text', got {mode!r}")
         if not isinstance(score_max, int) or score_max < 1:
             raise ValueError(f"rewards.judge.score_max must be an integer >= 1, got {score_max!r}")
-        self.engine, self.tok = engine, tokenizer or engine.tokenizer
+        self.tok, self.generate_texts, self.next_token_logprobs = tokenizer, generate_texts, next_token_logprobs
         self.score_max, self.max_prompt_tokens = score_max, int(max_prompt_tokens)
         self.max_new_tokens, self.temperature, self.seed = int(max_new_tokens), float(temperature), int(seed)
-        if mode == "expected" and not callable(getattr(engine, "next_token_logprobs", None)):
-            logger.warning("judge engine %s has no next_token_logprobs: rewards.judge.mode falls back to 'text'",
-                           type(engine).__name__)
+        if mode == "expected" and next_token_logprobs is None:
+            logger.warning("the judge model gives no next-token logprobs: rewards.judge.mode falls back to 'text'")
             mode = "text"
         self.mode = mode
         if mode == "expected":
@@ -250,23 +258,12 @@ class RubricJudge:
 
     def _expected(self, jobs) -> tuple[list[float], list[None]]:
         prompts = [self._encode(self.render(q, r, c)) for _, q, r, c in jobs]
-        logp = np.asarray(self.engine.next_token_logprobs(prompts, self.score_token_ids), dtype=np.float64)
+        logp = np.asarray(self.next_token_logprobs(prompts, self.score_token_ids), dtype=np.float64)
         return expected_scores(logp, self.score_max).tolist(), [None] * len(jobs)
 
     def _generate_texts(self, prompts: list[list[int]]) -> list[str]:
-        from rollout.sampling import SamplingParams
-
-        sp = SamplingParams(n=1, temperature=self.temperature, top_p=1.0, top_k=0,
-                            max_new_tokens=self.max_new_tokens, seed=self.seed)
-        drop = {self.tok.eos_token, self.tok.pad_token} - {None}
-        out = []
-        for (g,) in self.engine.generate(prompts, sp):
-            # Keep <think> tags in the text so parse_score can drop the judge's own reasoning.
-            text = self.tok.decode(list(g.response_ids), skip_special_tokens=False)
-            for s in drop:
-                text = text.replace(s, "")
-            out.append(text)
-        return out
+        # <think> tags stay in the text so parse_score can drop the judge's own reasoning.
+        return self.generate_texts(prompts, self.max_new_tokens, self.temperature, self.seed)
 
     def _text(self, jobs) -> tuple[list[float], list[str | None]]:
         texts = self._generate_texts([self._encode(self.render(q, r, c)) for _, q, r, c in jobs])
@@ -286,52 +283,3 @@ def expected_scores(logp: np.ndarray, score_max: int) -> np.ndarray:
     z = logp - logp.max(axis=1, keepdims=True)  # renormalise over the allowed tokens only (stable softmax)
     p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
     return np.clip(p @ np.arange(logp.shape[1], dtype=np.float64) / score_max, 0.0, 1.0)
-
-
-# ------------------------------------------------------------------------------------------ building
-def build_judge(cfg: Mapping, model_path: str | None = None) -> RubricJudge:
-    """RubricJudge from the resolved config: `rewards.judge` + `rollout`/`model` as the engine's defaults.
-
-    Model: `rewards.judge.model`, else `model_path` (the driver's resolved policy path), else `model.path`.
-    The engine comes from `rollout.worker.make_engine`, so `rollout.engine` (or `rewards.judge.engine`) picks
-    vLLM on GPU and transformers on CPU, exactly like the rollout workers.
-    """
-    from rl.models import resolve_model_path
-    from rollout.worker import make_engine
-
-    j = judge_config(cfg.get("rewards"))
-    mcfg = dict(cfg.get("model") or {})
-    path = resolve_model_path(j["model"] or model_path or mcfg.get("path") or "embedded:tiny-moe")
-    rcfg = {"engine": "hf", "device": "auto", "max_batch_size": 64, "top_k": 0, **dict(cfg.get("rollout") or {})}
-    # An inherited `vllm` becomes `auto`: a judge actor without a GPU (rewards.judge.num_gpus=0) then runs on the
-    # transformers engine instead of failing; `rewards.judge.engine=vllm` insists on vLLM.
-    rcfg["engine"] = j["engine"] or ("auto" if rcfg["engine"] == "vllm" else rcfg["engine"])
-    rcfg["device"] = j["device"] or rcfg["device"]
-    rcfg["max_batch_size"] = int(j["batch_size"] or rcfg["max_batch_size"])
-    rcfg["enable_sleep_mode"] = False  # the judge keeps its weights; nothing syncs into it
-    rcfg["logprobs"] = 1  # vLLM: the judge needs no Keep-Sampling-Mask capture
-    if j["gpu_memory_utilization"]:
-        rcfg["gpu_memory_utilization"] = j["gpu_memory_utilization"]
-    mcfg["dtype"] = j["dtype"] or mcfg.get("dtype") or "float32"
-    mcfg.setdefault("attn_implementation", "sdpa")
-    engine = make_engine(rcfg, mcfg, path, record_routes=False, seed=int(cfg.get("seed") or 0))
-    judge = RubricJudge(engine, mode=j["mode"], score_max=int(j["score_max"]),
-                        max_prompt_tokens=int(j["max_prompt_tokens"]), max_new_tokens=int(j["max_new_tokens"]),
-                        temperature=float(j["temperature"]), seed=int(cfg.get("seed") or 0))
-    logger.info("rubric judge: %s (%s engine, mode %s)", path, type(engine).__name__, judge.mode)
-    return judge
-
-
-class JudgeWorker:
-    """Ray actor body: one judge model shared by every RewardWorker (they hold its handle)."""
-
-    def __init__(self, cfg: Mapping, model_path: str | None = None):
-        from .compose import to_plain
-
-        self.judge = build_judge(to_plain(cfg), model_path)
-
-    def ready(self) -> bool:
-        return True
-
-    def score(self, requests: list[dict]) -> list[dict]:
-        return self.judge.score(requests)

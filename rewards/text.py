@@ -71,8 +71,11 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced: no usable box
 
 
-def _split_fences(text: str) -> list[tuple[str, str]]:
-    """Fenced blocks of a markdown text as (info string, body), in order. Unclosed trailing fences are dropped."""
+def fenced_blocks(text: str) -> list[tuple[int, int, str, str]]:
+    """Closed ``` fenced blocks of a markdown text, in order, as (start, end, info string, body): text[start:end]
+    is the whole block, fences included. The one rule for every reader of fences: a block opens at ``` and its
+    info string runs to the end of that line; it closes at the next ```. A fence closed on its own opening line
+    (```x```) is an inline block with no info string. An unclosed trailing fence is not a block."""
     blocks = []
     pos = 0
     while True:
@@ -80,13 +83,17 @@ def _split_fences(text: str) -> list[tuple[str, str]]:
         if open_at < 0:
             break
         line_end = text.find("\n", open_at + 3)
+        inline = text.find("```", open_at + 3, line_end if line_end >= 0 else len(text))
+        if inline >= 0:
+            blocks.append((open_at, inline + 3, "", text[open_at + 3: inline]))
+            pos = inline + 3
+            continue
         if line_end < 0:
             break
-        info = text[open_at + 3: line_end].strip()
         close_at = text.find("```", line_end + 1)
         if close_at < 0:
             break
-        blocks.append((info, text[line_end + 1: close_at]))
+        blocks.append((open_at, close_at + 3, text[open_at + 3: line_end].strip(), text[line_end + 1: close_at]))
         pos = close_at + 3
     return blocks
 
@@ -96,25 +103,19 @@ _PYTHON_INFOS = {"", "python", "py", "python3", "py3"}
 
 def last_python_block(text: str) -> str | None:
     """Body of the last fenced block tagged python (or untagged); other languages (```bash...) are skipped."""
-    for info, body in reversed(_split_fences(text)):
+    for _, _, info, body in reversed(fenced_blocks(text)):
         if info.split(" ", 1)[0].lower() in _PYTHON_INFOS:
             return body
     return None
 
 
 def remove_fenced_blocks(text: str) -> str:
-    """Text with every closed ``` fenced block removed (used by the language reward: code is not prose)."""
+    """Text with every closed ``` fenced block replaced by a line break (the language reward: code is not prose)."""
     out, pos = [], 0
-    while True:
-        open_at = text.find("```", pos)
-        if open_at < 0:
-            break
-        close_at = text.find("```", open_at + 3)
-        if close_at < 0:
-            break
-        out.append(text[pos:open_at])
+    for start, end, _, _ in fenced_blocks(text):
+        out.append(text[pos:start])
         out.append("\n")
-        pos = close_at + 3
+        pos = end
     out.append(text[pos:])
     return "".join(out)
 

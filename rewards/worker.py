@@ -2,7 +2,7 @@
 
 Built from the resolved config dict (`cfg["domains"]`, `cfg["rewards"]`, `cfg["rollout"]["max_new_tokens"]`).
 It owns one `RewardComposer` (its process pool and sandbox threads live inside the actor's process). `judge` is the
-Ray handle of the one `rewards.judge.JudgeWorker` actor when a domain uses `rubric_judge` (the driver creates it
+Ray handle of the one `rollout.judge_worker.JudgeWorker` actor when a domain uses `rubric_judge` (the driver creates it
 once and passes it to every RewardWorker, so the judge model is loaded once).
 """
 
@@ -12,9 +12,10 @@ import logging
 import os
 from typing import Any, Mapping
 
+from rl.config import to_plain
 from rl.trajectory import Trajectory
 
-from .compose import RewardComposer, to_plain
+from .compose import RewardComposer
 
 logger = logging.getLogger(__name__)
 

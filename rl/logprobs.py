@@ -6,7 +6,7 @@ chunk at a time, in forward and again (recomputed) in backward, so peak extra me
 one [V, H] gradient accumulator.
 
 Keep Sampling Mask (DeepSeek-V3.2): the engine sampled from a top-p/top-k truncated distribution; at position t
-only the ids in K_t (recorded as CSR `mask_ids`/`mask_offsets`) plus the sampled id had non-zero probability. The
+only the ids in K_t (recorded as CSR `kept_ids`/`kept_offsets`) plus the sampled id had non-zero probability. The
 training policy is renormalised over the same set so pi_theta and pi_old share one action space:
 
     log pi_theta(o_t) = z_t[o_t] - logsumexp_{v in K_t u {o_t}} z_t[v],   z_t = (h_t W^T + b) / temperature.
@@ -23,8 +23,8 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def keep_matrix(
-    mask_ids: torch.Tensor,
+def kept_matrix(
+    kept_ids: torch.Tensor,
     offsets_cpu: torch.Tensor,
     targets: torch.Tensor,
     start: int,
@@ -42,16 +42,16 @@ def keep_matrix(
     counts = (offsets_cpu[start + 1 : end + 1] - offsets_cpu[start:end]).to(dev)
     row_ids = torch.repeat_interleave(torch.arange(rows, device=dev), counts)
     out = torch.full((rows, vocab), invert, dtype=torch.bool, device=dev)
-    out[row_ids, mask_ids[lo:hi].to(device=dev, dtype=torch.long)] = not invert
+    out[row_ids, kept_ids[lo:hi].to(device=dev, dtype=torch.long)] = not invert
     out[torch.arange(rows, device=dev), targets[start:end]] = not invert
     return out
 
 
-def _masked_logits_chunk(hidden, weight, bias, targets, mask_ids, offsets_cpu, temperature, cdt, s, e):
+def _masked_logits_chunk(hidden, weight, bias, targets, kept_ids, offsets_cpu, temperature, cdt, s, e):
     """z = (h W^T + b) / T for positions s..e-1 in the compute dtype, -inf outside the kept sets."""
     z = F.linear(hidden[s:e], weight, bias).to(cdt).div_(temperature)
     if offsets_cpu is not None:
-        z.masked_fill_(keep_matrix(mask_ids, offsets_cpu, targets, s, e, weight.shape[0], invert=True), float("-inf"))
+        z.masked_fill_(kept_matrix(kept_ids, offsets_cpu, targets, s, e, weight.shape[0], invert=True), float("-inf"))
     return z
 
 
@@ -63,16 +63,16 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, mask_ids, mask_offsets, temperature, chunk_size, with_entropy):
+    def forward(ctx, hidden, weight, bias, targets, kept_ids, kept_offsets, temperature, chunk_size, with_entropy):
         N, V = hidden.shape[0], weight.shape[0]
         cdt = _compute_dtype(hidden.dtype)
-        offsets_cpu = mask_offsets.cpu() if mask_offsets is not None else None
+        offsets_cpu = kept_offsets.cpu() if kept_offsets is not None else None
         logp = torch.empty(N, dtype=cdt, device=hidden.device)
         lse = torch.empty(N, dtype=cdt, device=hidden.device)
         entropy = torch.empty(N if with_entropy else 0, dtype=cdt, device=hidden.device)
         for s in range(0, N, chunk_size):
             e = min(s + chunk_size, N)
-            z = _masked_logits_chunk(hidden, weight, bias, targets, mask_ids, offsets_cpu, temperature, cdt, s, e)
+            z = _masked_logits_chunk(hidden, weight, bias, targets, kept_ids, offsets_cpu, temperature, cdt, s, e)
             # logsumexp by hand, in place, so the chunk needs one [c, V] buffer instead of two.
             target_z = z.gather(1, targets[s:e, None]).squeeze(1)
             zmax = z.amax(dim=-1)  # finite: the target is always kept
@@ -84,18 +84,18 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                 p = z.div_(total[:, None])
                 entropy[s:e] = -torch.special.xlogy(p, p).sum(-1)
             del z
-        ctx.save_for_backward(hidden, weight, bias, targets, mask_ids, mask_offsets, lse)
+        ctx.save_for_backward(hidden, weight, bias, targets, kept_ids, kept_offsets, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp, _grad_entropy):
-        hidden, weight, bias, targets, mask_ids, mask_offsets, lse = ctx.saved_tensors
+        hidden, weight, bias, targets, kept_ids, kept_offsets, lse = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         N, V = hidden.shape[0], weight.shape[0]
         cdt = lse.dtype
-        offsets_cpu = mask_offsets.cpu() if mask_offsets is not None else None
+        offsets_cpu = kept_offsets.cpu() if kept_offsets is not None else None
         grad_h = torch.empty_like(hidden) if need_h else None
         # Accumulate dW over chunks in the compute dtype: summing many bf16 partial products loses precision.
         grad_w = torch.zeros(weight.shape, dtype=cdt, device=weight.device) if need_w else None
@@ -104,7 +104,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         for s in range(0, N, ctx.chunk_size):
             e = min(s + ctx.chunk_size, N)
             z = _masked_logits_chunk(
-                hidden, weight, bias, targets, mask_ids, offsets_cpu, ctx.temperature, cdt, s, e
+                hidden, weight, bias, targets, kept_ids, offsets_cpu, ctx.temperature, cdt, s, e
             )
             g = grad_logp[s:e]
             # dz = g * (onehot - p) / T, built in place in the logits buffer (exp(-inf) = 0 off the kept set).
@@ -135,8 +135,8 @@ def token_logprobs(
     targets: torch.Tensor,
     *,
     temperature: float = 1.0,
-    mask_ids: torch.Tensor | None = None,
-    mask_offsets: torch.Tensor | None = None,
+    kept_ids: torch.Tensor | None = None,
+    kept_offsets: torch.Tensor | None = None,
     lm_bias: torch.Tensor | None = None,
     chunk_size: int = 1024,
     with_entropy: bool = False,
@@ -144,19 +144,19 @@ def token_logprobs(
     """log pi_theta(o_t) for each generated position, from its final hidden state, chunked over positions.
 
     hidden [N, H] is already gathered at the generated positions (`TrainBatch.logit_index`), lm_weight [V, H],
-    targets [N] the sampled ids. With mask_ids (int32 [M]) / mask_offsets (long [N+1], CSR) the log-softmax is
+    targets [N] the sampled ids. With kept_ids (int32 [M]) / kept_offsets (long [N+1], CSR) the log-softmax is
     over K_t u {o_t} (module docstring); an empty K_t leaves only o_t, so logp_t = 0. Gradients flow to hidden,
     lm_weight and lm_bias. The returned entropy [N] (with_entropy=True) is of the same (masked or full)
     distribution and carries no gradient. Outputs are float32 (float64 when the inputs are float64).
     """
-    if (mask_ids is None) != (mask_offsets is None):
-        raise ValueError("mask_ids and mask_offsets go together")
-    if mask_offsets is not None and mask_offsets.shape[0] != hidden.shape[0] + 1:
-        raise ValueError(f"mask_offsets has {mask_offsets.shape[0]} entries for {hidden.shape[0]} positions (need N+1)")
+    if (kept_ids is None) != (kept_offsets is None):
+        raise ValueError("kept_ids and kept_offsets go together")
+    if kept_offsets is not None and kept_offsets.shape[0] != hidden.shape[0] + 1:
+        raise ValueError(f"kept_offsets has {kept_offsets.shape[0]} entries for {hidden.shape[0]} positions (need N+1)")
     if chunk_size < 1:
         raise ValueError("chunk_size must be >= 1")
     logp, entropy = _ChunkedTokenLogprobs.apply(
-        hidden, lm_weight, lm_bias, targets.long(), mask_ids, mask_offsets, float(temperature), int(chunk_size),
+        hidden, lm_weight, lm_bias, targets.long(), kept_ids, kept_offsets, float(temperature), int(chunk_size),
         bool(with_entropy),
     )
     return logp, (entropy if with_entropy else None)
@@ -166,16 +166,16 @@ def token_logprobs_from_logits(
     logits: torch.Tensor,
     targets: torch.Tensor,
     *,
-    mask_ids: torch.Tensor | None = None,
-    mask_offsets: torch.Tensor | None = None,
+    kept_ids: torch.Tensor | None = None,
+    kept_offsets: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unchunked reference: (logp [N], entropy [N]) from full [N, V] logits (temperature already applied).
 
     Materialises the whole [N, V] buffer; for tests and small inputs only.
     """
     N, V = logits.shape
-    if mask_offsets is not None:
-        drop = keep_matrix(mask_ids, mask_offsets.cpu(), targets.long(), 0, N, V, invert=True)
+    if kept_offsets is not None:
+        drop = kept_matrix(kept_ids, kept_offsets.cpu(), targets.long(), 0, N, V, invert=True)
         logits = logits.masked_fill(drop, float("-inf"))
     logsm = torch.log_softmax(logits, dim=-1)
     logp = logsm.gather(1, targets.long()[:, None]).squeeze(1)

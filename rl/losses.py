@@ -4,8 +4,9 @@ Layout (see `rl.trajectory.TrainBatch`): token tensors are flat `[N]` over the g
 micro-batch, `seq_index[N]` maps each token to its sample `0..B-1`, and per-sample tensors are `[B]`.
 `loss_mask[N]` is 1 for policy-generated tokens; everything is aggregated over those only.
 
-Notation: `logp` = log pi_theta(o_t), `old_logp` = log pi_old(o_t) (the engine's sampling logprob),
-`ref_logp` = log pi_ref(o_t). Every function works in any float dtype; tests run them in float64.
+Notation: `logprobs` = log pi_theta(o_t) (the trainer's), `old_logprobs` = log pi_old(o_t) (the batch's
+`inference_logprobs`: the engine's logprob of the sampled token),
+`ref_logprobs` = log pi_ref(o_t). Every function works in any float dtype; tests run them in float64.
 """
 
 from __future__ import annotations
@@ -14,47 +15,27 @@ import torch
 
 # Bound on log-ratios before `exp`. exp(20) ~ 4.9e8 stays finite in float32 (and in its products with
 # advantages and gradients), while any real policy ratio is far inside it; without it a token with
-# logp = -1e4 against old_logp = -1 would give exp(1e4) = inf and inf * 0 = NaN in backward. Clamping
+# logprobs = -1e4 against old_logprobs = -1 would give exp(1e4) = inf and inf * 0 = NaN in backward. Clamping
 # zeroes the gradient beyond the bound, which only touches tokens that are already pathological.
 LOG_RATIO_CLAMP = 20.0
 
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum")
 
 
-def grpo_advantages(
-    rewards: torch.Tensor, group_index: torch.Tensor, normalize_std: bool = False, eps: float = 1e-6
-) -> torch.Tensor:
-    """Group-relative advantages (GRPO): A_i = R_i - mean_{j in g(i)} R_j, optionally / (std_g + eps).
-
-    `group_index[B]` (long) may hold any ids; samples sharing an id form a group. std is the population
-    std (unbiased=False). A group of one sample has A = 0 (its reward equals its own mean).
-    """
-    rewards = rewards.detach()
-    _, inv = torch.unique(group_index, return_inverse=True)
-    G = int(inv.max()) + 1 if inv.numel() else 0
-    count = torch.zeros(G, dtype=rewards.dtype, device=rewards.device).index_add_(0, inv, torch.ones_like(rewards))
-    mean = torch.zeros(G, dtype=rewards.dtype, device=rewards.device).index_add_(0, inv, rewards) / count
-    centered = rewards - mean[inv]
-    if not normalize_std:
-        return centered
-    var = torch.zeros(G, dtype=rewards.dtype, device=rewards.device).index_add_(0, inv, centered.square()) / count
-    return centered / (var.sqrt()[inv] + eps)
-
-
-def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Schulman's K3 estimator of KL(pi_theta || pi_ref) per token (samples drawn from pi_theta):
 
-        k3 = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1 = exp(d) - d - 1,  d = ref_logp - logp.
+        k3 = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1 = exp(d) - d - 1,  d = ref_logprobs - logprobs.
 
     Computed in log space; d is clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] so that very negative logprobs
     (e.g. -1e4 for a token the reference finds impossible) give a large finite value instead of inf/NaN.
     k3 >= 0 for every d.
     """
-    d = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    d = (ref_logprobs - logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return torch.expm1(d) - d
 
 
-def unbiased_k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+def unbiased_k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
     """DeepSeek-V3.2 unbiased KL estimate for tokens sampled from pi_old (not pi_theta):
 
         D_t = (pi_theta/pi_old) * (pi_ref/pi_theta - log(pi_ref/pi_theta) - 1).
@@ -63,12 +44,12 @@ def unbiased_k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, old_logp: torch.T
     as a function of theta, so its gradient is the exact KL gradient. Detaching the ratio gives
     E_theta[grad k3] = sum_a (pi_theta - pi_ref) grad log pi_theta, which is a different (biased) direction.
     """
-    ratio = torch.exp((logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    return ratio * k3_kl(logp, ref_logp)
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return ratio * k3_kl(logprobs, ref_logprobs)
 
 
 def clipped_pg_loss(
-    logp: torch.Tensor, old_logp: torch.Tensor, adv_tok: torch.Tensor, eps_low: float, eps_high: float
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv_tok: torch.Tensor, eps_low: float, eps_high: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO/GRPO clipped surrogate per token, with asymmetric ("clip-higher") bounds:
 
@@ -77,11 +58,11 @@ def clipped_pg_loss(
     Returns (loss_t, clipped_t) where clipped_t is 1.0 where the clipped branch is the active one (its gradient
     is zero), i.e. the usual PPO clip fraction indicator.
     """
-    ratio = torch.exp((logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     unclipped = -ratio * adv_tok
     clipped = -ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv_tok
     loss = torch.maximum(unclipped, clipped)
-    return loss, (clipped > unclipped).to(logp.dtype).detach()
+    return loss, (clipped > unclipped).to(logprobs.dtype).detach()
 
 
 def seq_sum(x: torch.Tensor, seq_index: torch.Tensor, mask: torch.Tensor, B: int) -> torch.Tensor:
@@ -100,8 +81,8 @@ def seq_mean(x: torch.Tensor, seq_index: torch.Tensor, mask: torch.Tensor, B: in
 
 def opsm_keep(
     advantages: torch.Tensor,
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
     seq_index: torch.Tensor,
     loss_mask: torch.Tensor,
     delta: torch.Tensor,
@@ -110,11 +91,11 @@ def opsm_keep(
 
         A_i < 0  and  1/|o_i| sum_t log(pi_old(o_t) / pi_theta(o_t)) > delta_i
 
-    (strict inequalities). Computed on detached logp: the mask is a constant of the step. Sequences with no
+    (strict inequalities). Computed on detached logprobs: the mask is a constant of the step. Sequences with no
     generated token are kept, and delta = +inf never masks. Returns bool [B].
     """
     B = advantages.shape[0]
-    drift = seq_mean((old_logp - logp).detach(), seq_index, loss_mask, B)
+    drift = seq_mean((old_logprobs - logprobs).detach(), seq_index, loss_mask, B)
     has_tokens = torch.zeros(B, dtype=loss_mask.dtype, device=loss_mask.device).index_add_(0, seq_index, loss_mask) > 0
     masked = (advantages < 0) & (drift > delta) & has_tokens
     return ~masked
@@ -147,9 +128,9 @@ def aggregate(
 
 
 def grpo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    ref_logp: torch.Tensor | None,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
     seq_index: torch.Tensor,
     loss_mask: torch.Tensor,
     advantages: torch.Tensor,
@@ -169,27 +150,27 @@ def grpo_loss(
 
     pg = clipped surrogate (`clipped_pg_loss`), M_i = `opsm_keep` (applies to the PG term only, never to the KL),
     D = `unbiased_k3_kl` (or plain `k3_kl` when unbiased_kl=False), beta_i = kl_coef[i], agg = `aggregate`.
-    ref_logp=None means no reference model was run; then every kl_coef must be 0.
+    ref_logprobs=None means no reference model was run; then every kl_coef must be 0.
 
     Returns (loss, stats); stats are detached: pg_loss / kl_loss (aggregated like the loss, kl_loss includes
     beta, so loss = pg_loss + kl_loss), kl_seq[B] (per-sample mean KL estimate, without beta), opsm_keep[B],
     log_ratio_seq[B] (per-sample mean log(pi_old/pi_theta), the OPSM statistic), clip_tok_sum, tok_sum.
     """
     B = advantages.shape[0]
-    mask = loss_mask.to(logp.dtype)
-    pg_tok, clip_tok = clipped_pg_loss(logp, old_logp, advantages[seq_index].to(logp.dtype), eps_low, eps_high)
-    keep = opsm_keep(advantages, logp, old_logp, seq_index, mask, opsm_delta)
+    mask = loss_mask.to(logprobs.dtype)
+    pg_tok, clip_tok = clipped_pg_loss(logprobs, old_logprobs, advantages[seq_index].to(logprobs.dtype), eps_low, eps_high)
+    keep = opsm_keep(advantages, logprobs, old_logprobs, seq_index, mask, opsm_delta)
     pg_tok = pg_tok * keep[seq_index].to(pg_tok.dtype)
 
-    if ref_logp is None:
+    if ref_logprobs is None:
         if bool((kl_coef != 0).any()):
-            raise ValueError("ref_logp is None but some kl_coef != 0: the reference model must be run")
-        kl_tok = torch.zeros_like(logp)
+            raise ValueError("ref_logprobs is None but some kl_coef != 0: the reference model must be run")
+        kl_tok = torch.zeros_like(logprobs)
     elif unbiased_kl:
-        kl_tok = unbiased_k3_kl(logp, ref_logp, old_logp)
+        kl_tok = unbiased_k3_kl(logprobs, ref_logprobs, old_logprobs)
     else:
-        kl_tok = k3_kl(logp, ref_logp)
-    kl_term = kl_coef[seq_index].to(logp.dtype) * kl_tok
+        kl_tok = k3_kl(logprobs, ref_logprobs)
+    kl_term = kl_coef[seq_index].to(logprobs.dtype) * kl_tok
 
     agg = lambda x: aggregate(x, seq_index, mask, B, aggregation, norm_seqs, norm_tokens)  # noqa: E731
     loss = agg(pg_tok + kl_term)
@@ -199,7 +180,7 @@ def grpo_loss(
             "kl_loss": agg(kl_term),
             "kl_seq": seq_mean(kl_tok, seq_index, mask, B),
             "opsm_keep": keep,
-            "log_ratio_seq": seq_mean(old_logp - logp, seq_index, mask, B),
+            "log_ratio_seq": seq_mean(old_logprobs - logprobs, seq_index, mask, B),
             "clip_tok_sum": (clip_tok * mask).sum(),
             "tok_sum": mask.sum(),
         }

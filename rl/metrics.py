@@ -1,4 +1,7 @@
-"""One flat dict of step metrics from the trajectories and the trainer ranks' metric sums."""
+"""Every metric key of a step is written here: one flat dict from the trajectories, the trainer ranks' sums and
+the loop's phase timings. The trainer adds to its sums with `accumulate_train_stats` (on each rank); the loop
+reduces them with `trainer_metrics`.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ def _mean(xs) -> float:
     return float(np.mean(xs)) if len(xs) else 0.0
 
 
-def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+def rollout_metrics(trajs: list[Trajectory], staleness: int = 0) -> dict[str, float]:
+    """Rewards, lengths and rollout facts of the step's samples; `staleness` = how many weight updates the weights
+    that sampled them are behind the ones being trained (`rollout.max_staleness`)."""
     m: dict[str, float] = {
         "reward/mean": _mean([t.reward for t in trajs]),
         "reward/std": float(np.std([t.reward for t in trajs])) if trajs else 0.0,
@@ -24,7 +29,8 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         "response_length/truncated_frac": _mean([t.finish_reason == "length" for t in trajs]),
         "prompt_length/mean": _mean([len(t.prompt_ids) for t in trajs]),
         "advantage/abs_mean": _mean([abs(t.advantage) for t in trajs]),
-        "rollout/mask_truncated_frac": _mean([t.mask_truncated > 0 for t in trajs]),
+        "rollout/kept_set_cut_frac": _mean([t.kept_set_cut > 0 for t in trajs]),
+        "rollout/staleness": float(staleness),
     }
     by_domain: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
@@ -39,7 +45,7 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
 
 
 def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int) -> dict[str, float | None]:
-    """Reduce the ranks' sums (see trainer.policy.accumulate_stats) to the logged values."""
+    """Reduce the ranks' sums (`accumulate_train_stats`) to the logged values."""
     s: dict[str, float] = defaultdict(float)
     for rs in rank_sums:
         for k, v in rs.items():
@@ -63,3 +69,44 @@ def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int
         # None (null in metrics.jsonl, absent in W&B) when the domain's kl_coef is 0: its reference is not run.
         m[f"kl/{d}"] = ratio(f"kl_sum/{d}", f"kl_seqs/{d}") if s[f"kl_seqs/{d}"] else None
     return m
+
+
+def accumulate_train_stats(sums: dict, batch, logprobs, entropy, stats: dict, routing: tuple[int, int],
+                           first_minibatch: bool) -> None:
+    """Add one micro-batch to a rank's metric sums. `logprobs` are the trainer's (pi_theta), `stats` come from
+    `rl.losses.grpo_loss`, `routing` is (mismatched, total) route slots from Keep Routing's replay."""
+    mask = batch.loss_mask
+    tokens = float(mask.sum())
+    sums["loss/pg"] += float(stats["pg_loss"])
+    sums["loss/kl"] += float(stats["kl_loss"])
+    sums["clip_tokens"] += float(stats["clip_tok_sum"])
+    sums["tokens"] += tokens
+    if entropy is not None:
+        sums["entropy_sum"] += float((entropy * mask).sum())
+    if first_minibatch:
+        # Same weights on both sides before the first update: the train/inference mismatch.
+        diff = (batch.inference_logprobs - logprobs).abs()
+        sums["mismatch_abs_sum"] += float((diff * mask).sum())
+        sums["mismatch_tokens"] += tokens
+        sums["routing_mismatch"] += routing[0]
+        sums["routing_total"] += routing[1]
+    keep = stats["opsm_keep"]
+    has_ref = batch.kl_coef > 0
+    for i, domain in enumerate(batch.domains):
+        sums[f"seqs/{domain}"] += 1
+        sums[f"opsm_masked/{domain}"] += float(not bool(keep[i]))
+        if bool(has_ref[i]):
+            sums[f"kl_sum/{domain}"] += float(stats["kl_seq"][i])
+            sums[f"kl_seqs/{domain}"] += 1
+
+
+def step_metrics(step: int, times: dict[str, float], generated_tokens: int, skipped_long_prompts: int) -> dict:
+    """The step number, phase timings (`time/<phase>`, seconds), throughput (generated tokens per second) and the
+    data mixture's count of prompts skipped for length so far."""
+    return {
+        "step": step,
+        **times,
+        "throughput/tokens_per_s": generated_tokens / times["time/step"],
+        "throughput/rollout_tokens_per_s": generated_tokens / max(times["time/rollout"], 1e-9),
+        "data/skipped_long_prompts": skipped_long_prompts,
+    }

@@ -106,28 +106,37 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 2048):
     return fast
 
 
-def build_embedded(name: str, out_dir: Path) -> None:
+def build_random_model(out_dir: Path, spec: dict, *, dtype: torch.dtype = torch.float32, seed: int = 0,
+                       device: str = "cpu"):
+    """A random-weight causal LM from a config dict (`model_type` + config keys; `vocab_size` defaults to the
+    tokenizer's) with the locally built tokenizer, saved as an HF directory in out_dir (real weights through
+    `save_pretrained`; vLLM's `load_format="dummy"` would give near-uniform logits instead). Returns the tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if name not in EMBEDDED_CONFIGS:
-        raise ValueError(f"model.path=embedded:{name}: unknown embedded model; choose from {sorted(EMBEDDED_CONFIGS)}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out_dir)
-    spec = dict(EMBEDDED_CONFIGS[name])
+    spec = dict(spec)
     model_type = spec.pop("model_type")
+    vocab = spec.pop("vocab_size", len(tok))
     config = AutoConfig.for_model(
-        model_type,
-        vocab_size=len(tok),
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=None,
-        **spec,
+        model_type, vocab_size=vocab, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        bos_token_id=None, **spec,
     )
     _quiet_transformers()
-    torch.manual_seed(0)  # the embedded model is the same on every machine
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    torch.manual_seed(seed)  # the same model on every machine
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(out_dir)
+    return tok
+
+
+def build_embedded(name: str, out_dir: Path) -> None:
+    if name not in EMBEDDED_CONFIGS:
+        raise ValueError(f"model.path=embedded:{name}: unknown embedded model; choose from {sorted(EMBEDDED_CONFIGS)}")
+    build_random_model(out_dir, EMBEDDED_CONFIGS[name])
 
 
 def resolve_model_path(path: str) -> str:
@@ -184,3 +193,28 @@ def load_causal_lm(path: str, dtype: str = "float32", attn_implementation: str |
         kwargs["attn_implementation"] = attn_implementation
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     return model.to(device)
+
+
+# model_type -> (gate, up, down) names of one expert's projections in the checkpoint layout
+_EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2")}
+_DEFAULT_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
+
+
+def to_checkpoint_format(name: str, tensor: torch.Tensor, model_type: str) -> list[tuple[str, torch.Tensor]]:
+    """One transformers parameter -> the (name, tensor) pairs of the HF checkpoint layout that vLLM's loaders read
+    (views, no copies). transformers 5 fuses MoE experts into 3-D `experts.gate_up_proj` / `experts.down_proj`;
+    checkpoints keep one `experts.<e>.{gate,up,down}_proj.weight` per expert."""
+    if model_type == "mixtral":
+        name = name.replace(".mlp.", ".block_sparse_moe.")
+    gate, up, down = _EXPERT_NAMES.get(model_type, _DEFAULT_EXPERT_NAMES)
+    if name.endswith(".experts.gate_up_proj") and tensor.dim() == 3:
+        base, half = name[: -len("gate_up_proj")], tensor.shape[1] // 2
+        out = []
+        for e in range(tensor.shape[0]):
+            out.append((f"{base}{e}.{gate}.weight", tensor[e, :half]))
+            out.append((f"{base}{e}.{up}.weight", tensor[e, half:]))
+        return out
+    if name.endswith(".experts.down_proj") and tensor.dim() == 3:
+        base = name[: -len("down_proj")]
+        return [(f"{base}{e}.{down}.weight", tensor[e]) for e in range(tensor.shape[0])]
+    return [(name, tensor)]

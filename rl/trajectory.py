@@ -1,8 +1,10 @@
 """The one data contract: a `Trajectory` per sample, flowing rollout -> rewards -> trainer.
 
 A rollout engine fills the token fields (token-in/token-out: nothing the model produced is ever re-tokenised),
-the reward worker fills `reward`/`reward_parts`/`reward_error`, the driver fills `advantage` and the per-domain
-algorithm knobs, and `collate` turns a list of them into the padded tensors the trainer consumes.
+the reward worker fills `reward`/`reward_parts`/`reward_error`, the loop fills `advantage` and the per-domain
+coefficients (`rl.advantages`), and `collate` turns a list of them into the padded tensors the trainer consumes.
+Names (the README's glossary): `inference_logprobs` (the engine's, pi_old), `kept_ids`/`kept_offsets` (the kept
+set), `loss_mask` (which response tokens are trained on), `routed_experts` (Keep Routing).
 
 Alignment convention used everywhere: position `p` of `input_ids` predicts token `p + 1`. The trainer works on
 the generated positions only, flattened in sample order: row `j` of a sample's generated part is the logits row
@@ -25,20 +27,23 @@ class Trajectory:
     domain: str  # key under `domains.` in the config
     prompt_ids: np.ndarray  # int32 [P]
     response_ids: np.ndarray  # int32 [R]; multi-turn: everything after the first prompt, tool output included
-    sampling_logprobs: np.ndarray  # float32 [R]; the engine's processed logprob of each response token
+    # float32 [R]; the inference engine's logprob of each response token under the distribution it sampled from
+    # (after temperature/top-k/top-p: "processed"). pi_old of the loss.
+    inference_logprobs: np.ndarray
     finish_reason: str = "stop"  # "stop" (EOS/stop token) | "length" (hit max_new_tokens)
     # 1 for tokens the loss is taken over: 0 for tool/environment tokens (multi-turn) and for positions whose kept
     # set the engine could not record completely (vLLM top-K cut; see rollout/vllm_engine.py). None = all 1.
     loss_mask: np.ndarray | None = None
-    # Keep Sampling Mask as CSR over response positions: ids kept by top-k/top-p at position j are
-    # mask_ids[mask_offsets[j]:mask_offsets[j+1]]. None = full vocabulary (no truncation at sampling).
-    mask_ids: np.ndarray | None = None  # int32
-    mask_offsets: np.ndarray | None = None  # int64 [R + 1]
+    # The kept set (Keep Sampling Mask) as CSR over response positions: the ids that survived top-k/top-p at
+    # position j are kept_ids[kept_offsets[j]:kept_offsets[j+1]]. None = the full vocabulary (no truncation at
+    # sampling, or algorithm.keep_sampling_mask off: then the engine does not record them).
+    kept_ids: np.ndarray | None = None  # int32
+    kept_offsets: np.ndarray | None = None  # int64 [R + 1]
     # Keep Routing: expert ids per position of prompt+response minus the last token, per layer, per slot:
     # [P + R - 1, num_hidden_layers, top_k], uint8 (uint16 above 256 experts); dense layers are zero rows.
     routed_experts: np.ndarray | None = None
-    # Positions whose recorded kept set may be incomplete (vLLM top-K logprobs cut it); informative only.
-    mask_truncated: int = 0
+    # Positions whose kept set the engine could not record completely (more than K ids); they have loss_mask 0.
+    kept_set_cut: int = 0
     prompt_text: str = ""  # rendered prompt (chat template applied), for rewards and logs
     response_text: str = ""  # decoded once by the engine, for rewards; never tokenised again
     sample: dict[str, Any] = field(default_factory=dict)  # dataset row in our field names (answer, rubric, tests...)
@@ -56,20 +61,20 @@ class Trajectory:
     def __post_init__(self) -> None:
         self.prompt_ids = np.asarray(self.prompt_ids, dtype=np.int32)
         self.response_ids = np.asarray(self.response_ids, dtype=np.int32)
-        self.sampling_logprobs = np.asarray(self.sampling_logprobs, dtype=np.float32)
-        if self.sampling_logprobs.shape != self.response_ids.shape:
+        self.inference_logprobs = np.asarray(self.inference_logprobs, dtype=np.float32)
+        if self.inference_logprobs.shape != self.response_ids.shape:
             raise ValueError(
-                f"trajectory {self.uid}: {len(self.sampling_logprobs)} sampling logprobs for "
+                f"trajectory {self.uid}: {len(self.inference_logprobs)} inference logprobs for "
                 f"{len(self.response_ids)} response tokens"
             )
-        if (self.mask_offsets is None) != (self.mask_ids is None):
-            raise ValueError(f"trajectory {self.uid}: mask_ids and mask_offsets come together")
-        if self.mask_offsets is not None:
-            offsets = np.asarray(self.mask_offsets)
+        if (self.kept_offsets is None) != (self.kept_ids is None):
+            raise ValueError(f"trajectory {self.uid}: kept_ids and kept_offsets come together")
+        if self.kept_offsets is not None:
+            offsets = np.asarray(self.kept_offsets)
             if len(offsets) != len(self.response_ids) + 1 or offsets[0] != 0 or (np.diff(offsets) < 0).any():
-                raise ValueError(f"trajectory {self.uid}: mask_offsets must be non-decreasing from 0 with len(response_ids) + 1 entries")
-            if offsets[-1] != len(self.mask_ids):
-                raise ValueError(f"trajectory {self.uid}: mask_offsets[-1]={offsets[-1]} but {len(self.mask_ids)} mask_ids")
+                raise ValueError(f"trajectory {self.uid}: kept_offsets must be non-decreasing from 0 with len(response_ids) + 1 entries")
+            if offsets[-1] != len(self.kept_ids):
+                raise ValueError(f"trajectory {self.uid}: kept_offsets[-1]={offsets[-1]} but {len(self.kept_ids)} kept_ids")
         if self.loss_mask is not None and len(self.loss_mask) != len(self.response_ids):
             raise ValueError(f"trajectory {self.uid}: loss_mask must have one entry per response token")
         if self.routed_experts is not None:
@@ -84,8 +89,8 @@ class Trajectory:
     def num_response_tokens(self) -> int:
         return int(len(self.response_ids))
 
-    def generated_mask(self) -> np.ndarray:
-        """1 for response tokens the policy produced (the loss is taken over these only)."""
+    def loss_mask_or_ones(self) -> np.ndarray:
+        """`loss_mask` as float32, all ones when it is None (every response token is trained on)."""
         if self.loss_mask is None:
             return np.ones(len(self.response_ids), dtype=np.float32)
         return np.asarray(self.loss_mask, dtype=np.float32)
@@ -105,12 +110,12 @@ class TrainBatch:
     targets: torch.Tensor  # long [N]; the sampled token ids
     seq_index: torch.Tensor  # long [N]; which sample (0..B-1) each token belongs to
     loss_mask: torch.Tensor  # float [N]; 1 for policy-generated tokens
-    old_logprobs: torch.Tensor  # float [N]; engine sampling logprobs (pi_old)
+    inference_logprobs: torch.Tensor  # float [N]; the engine's logprob of each sampled token (pi_old)
     advantages: torch.Tensor  # float [B]
     kl_coef: torch.Tensor  # float [B]
     opsm_delta: torch.Tensor  # float [B]; +inf where OPSM is off for the sample's domain
-    mask_ids: torch.Tensor | None  # int32 [M] concatenated kept sets, or None when no sample has one
-    mask_offsets: torch.Tensor | None  # long [N + 1]
+    kept_ids: torch.Tensor | None  # int32 [M] concatenated kept sets, or None when no sample has one
+    kept_offsets: torch.Tensor | None  # long [N + 1]
     routed_experts: torch.Tensor | None  # long [B, T-1, L, K] (rows beyond a sample's length are 0)
     route_valid: torch.Tensor | None  # bool [B, T-1]; False where no route was recorded (padding)
     num_seqs: int
@@ -142,16 +147,16 @@ def collate(trajs: list[Trajectory], pad_id: int) -> TrainBatch:
         seq_index.append(torch.full((R,), i, dtype=torch.long))
     cat = lambda xs, dtype: torch.from_numpy(np.concatenate(xs).astype(dtype)) if xs else torch.empty(0)  # noqa: E731
 
-    mask_ids = mask_offsets = None
-    with_mask = [t.mask_offsets is not None for t in trajs]
-    if any(with_mask):
+    kept_ids = kept_offsets = None
+    with_kept = [t.kept_offsets is not None for t in trajs]
+    if any(with_kept):
         # "No kept set" means the full vocabulary; a batch mixing both would need a full-vocabulary row per
         # position, so the engines record sets for all samples of a step or for none.
-        if not all(with_mask):
-            raise ValueError("some trajectories of a batch carry a sampling mask (mask_ids) and some do not")
-        mask_ids = torch.from_numpy(np.concatenate([np.asarray(t.mask_ids, dtype=np.int32) for t in trajs]))
-        lens = np.concatenate([np.diff(np.asarray(t.mask_offsets, dtype=np.int64)) for t in trajs])
-        mask_offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+        if not all(with_kept):
+            raise ValueError("some trajectories of a batch carry a kept set (kept_ids) and some do not")
+        kept_ids = torch.from_numpy(np.concatenate([np.asarray(t.kept_ids, dtype=np.int32) for t in trajs]))
+        lens = np.concatenate([np.diff(np.asarray(t.kept_offsets, dtype=np.int64)) for t in trajs])
+        kept_offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
 
     routed = route_valid = None
     if any(t.routed_experts is not None for t in trajs):
@@ -171,15 +176,15 @@ def collate(trajs: list[Trajectory], pad_id: int) -> TrainBatch:
         logit_index=torch.cat(logit_index),
         targets=cat([t.response_ids for t in trajs], np.int64),
         seq_index=torch.cat(seq_index),
-        loss_mask=cat([t.generated_mask() for t in trajs], np.float32),
-        old_logprobs=cat([t.sampling_logprobs for t in trajs], np.float32),
+        loss_mask=cat([t.loss_mask_or_ones() for t in trajs], np.float32),
+        inference_logprobs=cat([t.inference_logprobs for t in trajs], np.float32),
         advantages=torch.tensor([t.advantage for t in trajs], dtype=torch.float32),
         kl_coef=torch.tensor([t.kl_coef for t in trajs], dtype=torch.float32),
         opsm_delta=torch.tensor(
             [float("inf") if t.opsm_delta is None else t.opsm_delta for t in trajs], dtype=torch.float32
         ),
-        mask_ids=mask_ids,
-        mask_offsets=mask_offsets,
+        kept_ids=kept_ids,
+        kept_offsets=kept_offsets,
         routed_experts=routed,
         route_valid=route_valid,
         num_seqs=B,

@@ -9,25 +9,12 @@ reference the vLLM engine is checked against; real GPU runs use `rollout=vllm`.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from rl.models import load_causal_lm, load_tokenizer
-from rollout.sampling import SamplingParams, process_logits
-
-
-@dataclass
-class Generation:
-    response_ids: np.ndarray  # int32 [R]
-    logprobs: np.ndarray  # float32 [R]
-    finish_reason: str  # "stop" | "length"
-    mask_ids: np.ndarray | None = None  # int32, CSR over positions (None when sampling does not truncate)
-    mask_offsets: np.ndarray | None = None  # int64 [R + 1]
-    routed_experts: np.ndarray | None = None  # [P + R - 1, L, K]
-    mask_truncated: int = 0  # positions whose kept set may be cut (vLLM top-K recovery); 0 for this engine
-    loss_mask: np.ndarray | None = None  # float32 [R]: 0 drops a position from the loss (vLLM: cut kept sets)
+from rollout.sampling import Generation, SamplingParams, eos_token_ids, process_logits
 
 
 class HFEngine:
@@ -44,9 +31,7 @@ class HFEngine:
         self.model = load_causal_lm(model_path, dtype, attn_implementation, device).eval()
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
-        eos = self.model.generation_config.eos_token_id
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
-        self.eos_ids = sorted({*eos, self.tokenizer.eos_token_id} - {None})
+        self.eos_ids = eos_token_ids(model_path, self.tokenizer)
         self.moe = None
         if record_routes:
             from rl.routing import moe_layers
@@ -94,7 +79,7 @@ class HFEngine:
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         stop = torch.tensor(sorted({*self.eos_ids, *sp.stop_token_ids}), device=self.device)
-        truncates = sp.truncates and sp.temperature > 0
+        record_kept = sp.records_kept_sets
         tokens, logprobs, kept_cols, kept_counts = [], [], [], []
         finished = torch.zeros(B, dtype=torch.bool, device=self.device)
         lengths = torch.zeros(B, dtype=torch.long, device=self.device)
@@ -113,7 +98,7 @@ class HFEngine:
                 tok = torch.where(finished, torch.full_like(tok, self.tokenizer.pad_token_id), tok)
                 tokens.append(tok)
                 logprobs.append(logp.gather(-1, tok[:, None]).squeeze(-1))
-                if truncates:
+                if record_kept:
                     kept = torch.isfinite(logp)
                     kept_counts.append(kept.sum(-1))
                     kept_cols.append(kept.nonzero()[:, 1].to(torch.int32))
@@ -134,19 +119,19 @@ class HFEngine:
         logprobs_t = torch.stack(logprobs, 1).float().cpu().numpy()
         lengths_np = lengths.cpu().numpy()
         finished_np = finished.cpu().numpy()
-        kept_sets = self._split_kept(kept_cols, kept_counts, B) if truncates else None
+        kept_sets = self._split_kept(kept_cols, kept_counts, B) if record_kept else None
         routes = self._split_routes(recorder.records, prompts, lengths_np) if self.moe is not None else None
         out = []
         for i in range(B):
             R = int(lengths_np[i])
             g = Generation(
                 response_ids=tokens_t[i, :R].astype(np.int32),
-                logprobs=logprobs_t[i, :R].astype(np.float32),
+                inference_logprobs=logprobs_t[i, :R].astype(np.float32),
                 finish_reason="stop" if finished_np[i] else "length",
             )
             if kept_sets is not None:
-                g.mask_ids, g.mask_offsets = kept_sets[i][0], kept_sets[i][1][: R + 1]
-                g.mask_ids = g.mask_ids[: g.mask_offsets[-1]]
+                g.kept_ids, g.kept_offsets = kept_sets[i][0], kept_sets[i][1][: R + 1]
+                g.kept_ids = g.kept_ids[: g.kept_offsets[-1]]
             if routes is not None:
                 g.routed_experts = routes[i]
             out.append(g)
@@ -154,7 +139,7 @@ class HFEngine:
 
     @staticmethod
     def _split_kept(cols: list[torch.Tensor], counts: list[torch.Tensor], B: int):
-        """Per-step (row-major) kept columns -> per-sample CSR (mask_ids, mask_offsets)."""
+        """Per-step (row-major) kept columns -> per-sample CSR (kept_ids, kept_offsets)."""
         counts_t = torch.stack(counts, 1).cpu()  # [B, S]
         per_sample = [[] for _ in range(B)]
         for step, c in enumerate(cols):

@@ -207,10 +207,10 @@ def assemble(data: dict, completions: list[tuple[str, int, np.ndarray]], num_ids
     out = []
     for key, P, tokens in completions:
         R = len(tokens)
-        result = dict(logprobs=np.zeros(R, np.float32), mask_ids=None, mask_offsets=None, cut=None)
+        result = dict(inference_logprobs=np.zeros(R, np.float32), kept_ids=None, kept_offsets=None, cut=None)
         if R == 0:
             if with_ids:
-                result.update(mask_ids=np.zeros(0, np.int32), mask_offsets=np.zeros(1, np.int64),
+                result.update(kept_ids=np.zeros(0, np.int32), kept_offsets=np.zeros(1, np.int64),
                               cut=np.zeros(0, bool))
             out.append(result)
             continue
@@ -228,14 +228,14 @@ def assemble(data: dict, completions: list[tuple[str, int, np.ndarray]], num_ids
                 f"sampler capture: rows of request {key!r} do not match its {R} output tokens "
                 f"({len(t)} rows found); set rollout.capture=logprobs to use vLLM's logprobs output instead"
             )
-        result["logprobs"] = data["lp"][rows].astype(np.float32)
+        result["inference_logprobs"] = data["lp"][rows].astype(np.float32)
         if with_ids:
             counts = data["count"][rows].astype(np.int64)
             offsets = np.zeros(R + 1, np.int64)
             np.cumsum(counts, out=offsets[1:])
             starts = row_start[rows]
             gather = np.repeat(starts - offsets[:-1], counts) + np.arange(offsets[-1])
-            result.update(mask_ids=data["flat"][gather].astype(np.int32), mask_offsets=offsets,
+            result.update(kept_ids=data["flat"][gather].astype(np.int32), kept_offsets=offsets,
                           cut=data["total"][rows] > num_ids)  # more kept ids than were stored
         out.append(result)
     return out

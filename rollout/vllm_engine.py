@@ -6,7 +6,7 @@ after temperature/top-k/top-p, i.e. the truncated renormalised distribution the 
 - the sampled token's processed logprob;
 - the kept set (Keep Sampling Mask, CSR): vLLM 0.26 has no mask output, so it is the set of finite entries, at
   most K = `max_logprobs` of them (default top_k + 1). A position whose set may hold more is counted in
-  `Generation.mask_truncated` and left out of the loss (`Generation.loss_mask` 0 there), since the trainer cannot
+  `Generation.kept_set_cut` and left out of the loss (`Generation.loss_mask` 0 there), since the trainer cannot
   rebuild pi_old's normaliser from a cut set;
 - the MoE routes (Keep Routing): `LLM(enable_return_routed_experts=True)`; rows of dense layers are zeroed using
   the config (`rl.routing.moe_layer_indices`), since 0 is also a valid expert id.
@@ -29,9 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rl.models import load_tokenizer
-from rollout.hf_engine import Generation
-from rollout.sampling import SamplingParams
+from rl.models import load_tokenizer, to_checkpoint_format
+from rollout.sampling import Generation, SamplingParams, eos_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +54,9 @@ def default_num_logprobs(top_k: int) -> int:
 
 @dataclass
 class _Capture:
-    logprobs: np.ndarray  # float32 [R]
-    mask_ids: np.ndarray | None
-    mask_offsets: np.ndarray | None
+    inference_logprobs: np.ndarray  # float32 [R]
+    kept_ids: np.ndarray | None
+    kept_offsets: np.ndarray | None
     truncated: int
     cut: np.ndarray | None = None  # bool [R]: the kept set at this position may be incomplete
 
@@ -145,7 +144,7 @@ class VLLMEngine:
             import flashinfer  # noqa: F401
         except Exception:
             os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-        from transformers import AutoConfig, GenerationConfig
+        from transformers import AutoConfig
         from vllm import LLM
 
         from rl.routing import moe_layer_indices, route_dtype
@@ -192,12 +191,7 @@ class VLLMEngine:
             if reasons:
                 log.warning("rollout.capture=sampler unavailable (%s): using vLLM's logprobs output", "; ".join(reasons))
                 self.capture = "logprobs"
-        try:
-            gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
-        except Exception:
-            gen_eos = None
-        gen_eos = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
-        self.eos_ids = sorted({*gen_eos, self.tokenizer.eos_token_id} - {None})
+        self.eos_ids = eos_token_ids(model_path, self.tokenizer)
         self._asleep: set[str] = set()
         self.last_convert_seconds = 0.0
         self.last_collect_seconds = 0.0  # sampler capture: moving the recorded rows out of vLLM's engine process
@@ -206,7 +200,6 @@ class VLLMEngine:
     def _sampling_params(self, sp: SamplingParams, capture: bool = True):
         from vllm import SamplingParams as VSP
 
-        truncates = sp.truncates and sp.temperature > 0
         return VSP(
             n=int(sp.n),
             temperature=float(sp.temperature),
@@ -215,7 +208,7 @@ class VLLMEngine:
             max_tokens=int(sp.max_new_tokens),
             stop_token_ids=sorted({*self.eos_ids, *sp.stop_token_ids}),
             seed=sp.seed if (self.per_request_seed and sp.seed is not None) else None,
-            logprobs=(self.max_logprobs if truncates else 0) if capture else None,
+            logprobs=(self.max_logprobs if sp.records_kept_sets else 0) if capture else None,
             flat_logprobs=True,
             detokenize=False,
         )
@@ -236,7 +229,7 @@ class VLLMEngine:
         skips logprobs, kept sets and the route conversion."""
         if self._asleep:
             raise RuntimeError(f"vLLM engine is asleep ({sorted(self._asleep)}); sync weights / wake it first")
-        want_mask = capture and sp.truncates and sp.temperature > 0
+        want_mask = capture and sp.records_kept_sets
         hook = capture and self.capture == "sampler"
         vsp = self._sampling_params(sp, capture and not hook)
         if hook:
@@ -271,7 +264,7 @@ class VLLMEngine:
                 R = len(ids)
                 g = Generation(
                     response_ids=ids,
-                    logprobs=np.zeros(R, dtype=np.float32),
+                    inference_logprobs=np.zeros(R, dtype=np.float32),
                     finish_reason="length" if comp.finish_reason == "length" else "stop",
                 )
                 if comp.finish_reason not in ("length", "stop"):
@@ -279,12 +272,12 @@ class VLLMEngine:
                 if capture:
                     if hook:
                         c = next(captured)
-                        cap = _Capture(c["logprobs"], c["mask_ids"], c["mask_offsets"],
+                        cap = _Capture(c["inference_logprobs"], c["kept_ids"], c["kept_offsets"],
                                        int(c["cut"].sum()) if c["cut"] is not None else 0, c["cut"])
                     else:
                         cap = flat_to_capture(comp.logprobs, R, want_mask)
-                    g.logprobs = cap.logprobs
-                    g.mask_ids, g.mask_offsets, g.mask_truncated = cap.mask_ids, cap.mask_offsets, cap.truncated
+                    g.inference_logprobs = cap.inference_logprobs
+                    g.kept_ids, g.kept_offsets, g.kept_set_cut = cap.kept_ids, cap.kept_offsets, cap.truncated
                     if cap.truncated:
                         # The trainer cannot rebuild pi_old's normaliser from a cut set (it would renormalise over
                         # too few ids and overestimate log pi_theta), so those positions stay out of the loss.
@@ -313,7 +306,7 @@ class VLLMEngine:
                 out.append(np.array([d[int(t)].logprob for d, t in zip(plp[1:], seq[1:])], dtype=np.float32))
         return out
 
-    def score(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[np.ndarray]:
+    def continuation_logprobs(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[np.ndarray]:
         """Logprob of each continuation token given the prompt and the preceding continuation tokens."""
         seqs = [list(p) + list(c) for p, c in zip(prompts, continuations)]
         return [lp[len(p) - 1 :] for lp, p in zip(self._prompt_logprobs(seqs), prompts)]
@@ -354,8 +347,6 @@ class VLLMEngine:
 
     def load_state_dict(self, state_dict: dict) -> None:
         """CPU fallback (a restarted worker): load HF-named CPU tensors into every vLLM worker."""
-        from trainer.weight_sync import to_checkpoint_format
-
         model_type = getattr(self.llm.llm_engine.model_config.hf_config, "model_type", "")
         items = [kv for name, t in state_dict.items() for kv in to_checkpoint_format(name, t, model_type)]
         self.wake_up()

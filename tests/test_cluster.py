@@ -10,7 +10,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rl.cluster import ActorPool, ColocatedPlacement
+from launch.cluster import ActorPool
+from launch.placement import ColocatedPlacement
 from rl.config import resolve_auto
 from rl.data import PromptMixture
 from rl.models import load_tokenizer
@@ -55,7 +56,7 @@ def test_dead_rollout_worker_is_replaced_and_resynced(ray_local, tiny_dense_path
     # The replacement worker got the synced weights: same samples and uniform logprobs as before it died.
     assert [t.response_ids.tolist() for t in after] == [t.response_ids.tolist() for t in before]
     uniform = -torch.log(torch.tensor(float(len(tok)))).item()
-    assert all(abs(float(lp) - uniform) < 1e-4 for t in after for lp in t.sampling_logprobs)
+    assert all(abs(float(lp) - uniform) < 1e-4 for t in after for lp in t.inference_logprobs)
 
 
 def test_a_worker_that_keeps_timing_out_ends_with_a_clear_error(ray_local, tiny_dense_path):
@@ -133,7 +134,7 @@ class SyncRecorder:
 def test_weight_sync_sends_every_worker_from_the_right_ranks(ray_local, placement):
     """Colocated (CUDA IPC): vLLM's sender is a collective over the trainer ranks in which rank 0 hands every
     worker its GPU's handle, so every rank gets every worker; split (NCCL): rank 0 alone broadcasts."""
-    from trainer.weight_sync import VLLMWeightSync
+    from launch.weight_sync import VLLMWeightSync
 
     workers = [SyncRecorder.remote(f"w{i}") for i in range(2)]
     trainers = [SyncRecorder.remote(f"t{i}") for i in range(2)]

@@ -9,7 +9,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rl.config import ConfigError, validate
+from launch.config import check_config
+from rl.config import ConfigError
 from rl.data import PromptMixture, load_domain_rows
 from rl.models import load_tokenizer
 
@@ -24,7 +25,7 @@ def composed(*overrides: str) -> dict:
 
 def test_mixed_rl_composes_and_validates():
     cfg = composed("domains.math.kl_coef=0.05")
-    validate(cfg)
+    check_config(cfg)
     assert cfg["domains"]["math"]["kl_coef"] == 0.05
     assert {"math", "code", "logic", "general"} <= set(cfg["domains"])
 
@@ -44,7 +45,7 @@ def test_mixed_rl_composes_and_validates():
 )
 def test_bad_config_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[")):
-        validate(composed(override))
+        check_config(composed(override))
 
 
 VLLM_COLOCATED = ("rollout=vllm", "trainer.num_gpus=0.4", "rollout.num_gpus=0.4", "trainer.device=cuda",
@@ -64,13 +65,13 @@ VLLM_COLOCATED = ("rollout=vllm", "trainer.num_gpus=0.4", "rollout.num_gpus=0.4"
     ],
 )
 def test_bad_gpu_layout_names_the_key(overrides, match):
-    validate(composed(*VLLM_COLOCATED))  # the layout itself is fine: 0.4 + 0.4 + 0.1 + 0.1
+    check_config(composed(*VLLM_COLOCATED))  # the layout itself is fine: 0.4 + 0.4 + 0.1 + 0.1
     with pytest.raises(ConfigError, match=match):
-        validate(composed(*VLLM_COLOCATED, *overrides))
+        check_config(composed(*VLLM_COLOCATED, *overrides))
 
 
 def test_gpu_shares_of_a_colocated_run():
-    from rl.config import colocated_shares
+    from launch.placement import colocated_shares
 
     assert colocated_shares(composed(*VLLM_COLOCATED)) == {
         "rollout.num_gpus": 0.4, "trainer.num_gpus": 0.4, "trainer.ref_num_gpus": 0.1, "rewards.judge.num_gpus": 0.1}
@@ -86,7 +87,7 @@ def test_no_domains_is_a_clear_error():
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = OmegaConf.to_container(compose(config_name="train"), resolve=True)
     with pytest.raises(ConfigError, match="experiment"):
-        validate(cfg)
+        check_config(cfg)
 
 
 def test_missing_column_and_absent_file(tmp_path):
@@ -165,7 +166,7 @@ def test_long_prompts_are_skipped(tiny_dense_path):
 def test_unsupported_moe_with_keep_routing_fails_at_start(tmp_path, tiny_moe_path, tiny_dense_path):
     from transformers import AutoConfig
 
-    from rl.driver import model_is_moe
+    from launch.config import model_is_moe
 
     AutoConfig.for_model("granitemoe", num_local_experts=4, num_experts_per_tok=2).save_pretrained(tmp_path)
     for keep_routing in ("auto", True):

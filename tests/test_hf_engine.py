@@ -1,6 +1,8 @@
 """The transformers engine: token-in/token-out sampling with processed logprobs, kept sets and routes,
 and the trainer-side logprob of the same tokens (the train/inference mismatch of issue 3)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -27,8 +29,8 @@ def _trajs(prompts, groups, keep_mask=True):
         for j, g in enumerate(gens):
             out.append(Trajectory(
                 uid=f"{i}-{j}", group_id=str(i), domain="math", prompt_ids=p, response_ids=g.response_ids,
-                sampling_logprobs=g.logprobs, finish_reason=g.finish_reason,
-                mask_ids=g.mask_ids if keep_mask else None, mask_offsets=g.mask_offsets if keep_mask else None,
+                inference_logprobs=g.inference_logprobs, finish_reason=g.finish_reason,
+                kept_ids=g.kept_ids if keep_mask else None, kept_offsets=g.kept_offsets if keep_mask else None,
                 routed_experts=g.routed_experts,
             ))
     return out
@@ -60,25 +62,27 @@ def test_generate_shapes_masks_and_routes(tiny_moe_path):
     for p, gens in zip(prompts, groups):
         for g in gens:
             R = len(g.response_ids)
-            assert 1 <= R <= 10 and g.logprobs.shape == (R,)
+            assert 1 <= R <= 10 and g.inference_logprobs.shape == (R,)
             assert g.finish_reason == ("length" if R == 10 and g.response_ids[-1] not in eng.eos_ids else "stop")
-            assert len(g.mask_offsets) == R + 1 and g.mask_offsets[-1] == len(g.mask_ids)
+            assert len(g.kept_offsets) == R + 1 and g.kept_offsets[-1] == len(g.kept_ids)
             for j in range(R):
-                kept = g.mask_ids[g.mask_offsets[j]:g.mask_offsets[j + 1]]
+                kept = g.kept_ids[g.kept_offsets[j]:g.kept_offsets[j + 1]]
                 assert g.response_ids[j] in kept and 1 <= len(kept) <= 20
             assert g.routed_experts.shape == (len(p) + R - 1, spec.num_hidden_layers, spec.top_k)
             assert g.routed_experts.dtype == np.uint8
-            assert (g.logprobs <= 0).all()
+            assert (g.inference_logprobs <= 0).all()
     # Same seed, same samples: reproducible sampling is what makes resume exact.
     again = eng.generate(prompts, sp)
     assert all(np.array_equal(a.response_ids, b.response_ids) for ga, gb in zip(groups, again) for a, b in zip(ga, gb))
 
 
 def _mismatch(engine, trajs, keep_mask, keep_routing, temperature):
+    if not keep_mask:  # the trainer scores over the kept sets exactly when the batch carries them
+        trajs = [dataclasses.replace(t, kept_ids=None, kept_offsets=None) for t in trajs]
     batch = collate(trajs, engine.tokenizer.pad_token_id)
     with torch.no_grad(), route_replay(engine.model, batch, keep_routing) as replay:
-        out = forward_logprobs(engine.model, batch, temperature=temperature, keep_sampling_mask=keep_mask)
-    diff = (batch.old_logprobs - out.logprobs).abs()
+        out = forward_logprobs(engine.model, batch, temperature=temperature)
+    diff = (batch.inference_logprobs - out.logprobs).abs()
     return float(diff.mean()), replay
 
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():  # pragma: no cover - CPU machines with vllm installed
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from gpu_helpers import MOE_SMALL, build_model  # noqa: E402
+from launch.testbed import MOE_SMALL, build_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 3

@@ -27,9 +27,9 @@ def _inputs(N=37, H=8, V=50, seed=0, dtype=D, bias=False):
         sets.append(sorted(set(ids)))
     if N > 1:
         sets[1] = []  # at least one empty set
-    mask_ids = torch.tensor([i for s in sets for i in s], dtype=torch.int32)
-    mask_offsets = torch.tensor(np.concatenate([[0], np.cumsum([len(s) for s in sets])]), dtype=torch.long)
-    return hidden, weight, b, targets, sets, mask_ids, mask_offsets
+    kept_ids = torch.tensor([i for s in sets for i in s], dtype=torch.int32)
+    kept_offsets = torch.tensor(np.concatenate([[0], np.cumsum([len(s) for s in sets])]), dtype=torch.long)
+    return hidden, weight, b, targets, sets, kept_ids, kept_offsets
 
 
 def _loop_reference(hidden, weight, bias, targets, sets, temperature):
@@ -51,8 +51,8 @@ def _loop_reference(hidden, weight, bias, targets, sets, temperature):
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("chunk_size", [1, 5, 16, 37, 1000])
 def test_values_against_loop(masked, chunk_size):
-    hidden, weight, _, targets, sets, mask_ids, mask_offsets = _inputs()
-    kw = dict(mask_ids=mask_ids, mask_offsets=mask_offsets) if masked else {}
+    hidden, weight, _, targets, sets, kept_ids, kept_offsets = _inputs()
+    kw = dict(kept_ids=kept_ids, kept_offsets=kept_offsets) if masked else {}
     logp, ent = token_logprobs(hidden, weight, targets, temperature=0.7, chunk_size=chunk_size, with_entropy=True, **kw)
     want_logp, want_ent = _loop_reference(hidden, weight, None, targets, sets if masked else None, 0.7)
     assert logp.dtype == D and ent.dtype == D and not ent.requires_grad
@@ -63,22 +63,22 @@ def test_values_against_loop(masked, chunk_size):
 
 
 def test_masked_differs_from_full_and_temperature_matters():
-    hidden, weight, _, targets, _, mask_ids, mask_offsets = _inputs()
+    hidden, weight, _, targets, _, kept_ids, kept_offsets = _inputs()
     full, _ = token_logprobs(hidden, weight, targets)
-    masked, _ = token_logprobs(hidden, weight, targets, mask_ids=mask_ids, mask_offsets=mask_offsets)
+    masked, _ = token_logprobs(hidden, weight, targets, kept_ids=kept_ids, kept_offsets=kept_offsets)
     hot, _ = token_logprobs(hidden, weight, targets, temperature=2.0)
     assert (masked >= full - 1e-12).all() and (masked > full + 1e-6).any()  # renormalising over fewer ids
     assert not torch.allclose(hot, full)
 
 
 def test_bias_and_from_logits_helper():
-    hidden, weight, bias, targets, sets, mask_ids, mask_offsets = _inputs(bias=True)
+    hidden, weight, bias, targets, sets, kept_ids, kept_offsets = _inputs(bias=True)
     logp, ent = token_logprobs(
-        hidden, weight, targets, lm_bias=bias, temperature=1.3, mask_ids=mask_ids, mask_offsets=mask_offsets,
+        hidden, weight, targets, lm_bias=bias, temperature=1.3, kept_ids=kept_ids, kept_offsets=kept_offsets,
         chunk_size=6, with_entropy=True,
     )
     logits = (hidden @ weight.T + bias) / 1.3
-    ref_logp, ref_ent = token_logprobs_from_logits(logits, targets, mask_ids=mask_ids, mask_offsets=mask_offsets)
+    ref_logp, ref_ent = token_logprobs_from_logits(logits, targets, kept_ids=kept_ids, kept_offsets=kept_offsets)
     want_logp, want_ent = _loop_reference(hidden, weight, bias, targets, sets, 1.3)
     np.testing.assert_allclose(ref_logp.detach().numpy(), want_logp, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(ref_ent.numpy(), want_ent, rtol=1e-10, atol=1e-12)
@@ -88,8 +88,8 @@ def test_bias_and_from_logits_helper():
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gradients_match_naive(masked, with_bias):
-    hidden, weight, bias, targets, _, mask_ids, mask_offsets = _inputs(bias=with_bias)
-    kw = dict(mask_ids=mask_ids, mask_offsets=mask_offsets) if masked else {}
+    hidden, weight, bias, targets, _, kept_ids, kept_offsets = _inputs(bias=with_bias)
+    kw = dict(kept_ids=kept_ids, kept_offsets=kept_offsets) if masked else {}
     coeff = torch.randn(hidden.shape[0], generator=torch.Generator().manual_seed(5), dtype=D)
     logp, _ = token_logprobs(hidden, weight, targets, lm_bias=bias, temperature=0.8, chunk_size=7, **kw)
     params = [hidden, weight] + ([bias] if with_bias else [])
@@ -102,9 +102,9 @@ def test_gradients_match_naive(masked, with_bias):
 
 
 def test_gradcheck_masked():
-    hidden, weight, bias, targets, _, mask_ids, mask_offsets = _inputs(N=9, H=3, V=11, bias=True)
+    hidden, weight, bias, targets, _, kept_ids, kept_offsets = _inputs(N=9, H=3, V=11, bias=True)
     fn = lambda h, w, b: token_logprobs(  # noqa: E731
-        h, w, targets, lm_bias=b, temperature=0.9, mask_ids=mask_ids, mask_offsets=mask_offsets, chunk_size=4
+        h, w, targets, lm_bias=b, temperature=0.9, kept_ids=kept_ids, kept_offsets=kept_offsets, chunk_size=4
     )[0]
     assert torch.autograd.gradcheck(fn, (hidden, weight, bias))
 
@@ -115,15 +115,15 @@ def test_empty_input():
     logp, ent = token_logprobs(hidden, weight, targets, with_entropy=True)
     assert logp.shape == (0,) and ent.shape == (0,)
     empty_ids, empty_offsets = torch.zeros(0, dtype=torch.int32), torch.zeros(1, dtype=torch.long)
-    logp_m, _ = token_logprobs(hidden, weight, targets, mask_ids=empty_ids, mask_offsets=empty_offsets)
+    logp_m, _ = token_logprobs(hidden, weight, targets, kept_ids=empty_ids, kept_offsets=empty_offsets)
     assert logp_m.shape == (0,)
     gh, gw = torch.autograd.grad(logp.sum() + logp_m.sum(), (hidden, weight))
     assert gh.shape == hidden.shape and (gw == 0).all()
 
 
 def test_low_precision_inputs_give_float32_close_to_float64():
-    hidden, weight, _, targets, _, mask_ids, mask_offsets = _inputs(N=20, H=16, V=64)
-    kw = dict(mask_ids=mask_ids, mask_offsets=mask_offsets, chunk_size=8)
+    hidden, weight, _, targets, _, kept_ids, kept_offsets = _inputs(N=20, H=16, V=64)
+    kw = dict(kept_ids=kept_ids, kept_offsets=kept_offsets, chunk_size=8)
     ref, _ = token_logprobs(hidden, weight, targets, **kw)
     h16, w16 = hidden.detach().bfloat16().requires_grad_(), weight.detach().bfloat16().requires_grad_()
     logp, _ = token_logprobs(h16, w16, targets, **kw)
@@ -134,8 +134,8 @@ def test_low_precision_inputs_give_float32_close_to_float64():
 
 
 def test_bad_mask_arguments():
-    hidden, weight, _, targets, _, mask_ids, mask_offsets = _inputs()
+    hidden, weight, _, targets, _, kept_ids, kept_offsets = _inputs()
     with pytest.raises(ValueError):
-        token_logprobs(hidden, weight, targets, mask_ids=mask_ids)
+        token_logprobs(hidden, weight, targets, kept_ids=kept_ids)
     with pytest.raises(ValueError):
-        token_logprobs(hidden, weight, targets, mask_ids=mask_ids, mask_offsets=mask_offsets[:-1])
+        token_logprobs(hidden, weight, targets, kept_ids=kept_ids, kept_offsets=kept_offsets[:-1])

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from rl.advantages import grpo_advantages
 from rl.losses import (
     aggregate,
     clipped_pg_loss,
-    grpo_advantages,
     grpo_loss,
     k3_kl,
     opsm_keep,

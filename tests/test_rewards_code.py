@@ -24,7 +24,7 @@ DOUBLE_TESTS = {"type": "assert", "code": "assert f(1) == 2\nx = 3\nassert f(x) 
 def traj(program, tests, uid="u", fence="python"):
     text = f"<think>plan</think>Here:\n```{fence}\n{program}\n```\n"
     return Trajectory(uid=uid, group_id="g", domain="code", prompt_ids=[1], response_ids=np.zeros(3),
-                      sampling_logprobs=np.zeros(3), response_text=text, sample={"tests": tests})
+                      inference_logprobs=np.zeros(3), response_text=text, sample={"tests": tests})
 
 
 def sandbox_leftovers() -> list:
@@ -73,7 +73,7 @@ def test_exit_before_asserts_does_not_pass(composer):
 
 
 def test_no_code_block(composer):
-    t = Trajectory(uid="n", group_id="g", domain="code", prompt_ids=[1], response_ids=[1], sampling_logprobs=[0.0],
+    t = Trajectory(uid="n", group_id="g", domain="code", prompt_ids=[1], response_ids=[1], inference_logprobs=[0.0],
                    response_text="I would just print it.", sample={"tests": ADD_TESTS})
     composer.score([t])
     assert t.reward == 0.0 and "no python code block" in t.reward_error
@@ -111,7 +111,7 @@ def test_hostile_program_scores_zero_with_reason(composer, name):
 def test_hostile_response_text(composer):
     big = "x" * 1_000_000
     trajs = [traj("print(3)\n#" + big, ADD_TESTS, "big"), traj("print('\ud800\x00')", ADD_TESTS, "sur"),
-             Trajectory(uid="t", group_id="g", domain="code", prompt_ids=[1], response_ids=[1], sampling_logprobs=[0.0],
+             Trajectory(uid="t", group_id="g", domain="code", prompt_ids=[1], response_ids=[1], inference_logprobs=[0.0],
                         response_text="<think>```python\nprint(3)\n```" + "```" * 1000, sample={"tests": ADD_TESTS})]
     composer.score(trajs)
     assert all(t.reward == 0.0 for t in trajs)

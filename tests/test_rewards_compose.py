@@ -35,7 +35,7 @@ def extra_rewards(monkeypatch):
 
 def traj(text, domain="logic", sample=None, n=10, finish="stop", uid="u"):
     return Trajectory(uid=uid, group_id="g", domain=domain, prompt_ids=[1], response_ids=np.zeros(n),
-                      sampling_logprobs=np.zeros(n), finish_reason=finish, response_text=text,
+                      inference_logprobs=np.zeros(n), finish_reason=finish, response_text=text,
                       sample=sample if sample is not None else {"answer": "42"})
 
 

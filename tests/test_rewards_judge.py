@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from rewards.compose import RewardComposer
-from rewards.judge import JudgeWorker, RubricJudge, expected_scores, judge_request, parse_score
+from rewards.judge import expected_scores, judge_request, parse_score
 from rewards.registry import RewardZero, SampleView
 from rl.trajectory import Trajectory
+from rollout.judge_worker import JudgeWorker, judge_from_engine
 
 RUBRIC = [{"criterion": "Mentions light scattering", "weight": 2.0}, {"criterion": "Uses simple words", "weight": 1.0},
           {"criterion": "Is short", "weight": 0.5}]
@@ -24,7 +25,7 @@ def engine(tiny_moe_path):
 
 @pytest.fixture(scope="module")
 def judge(engine):
-    return RubricJudge(engine, mode="expected", score_max=9, max_prompt_tokens=512)
+    return judge_from_engine(engine, mode="expected", score_max=9, max_prompt_tokens=512)
 
 
 def requests():
@@ -43,7 +44,7 @@ def view(response: str, sample: dict, domain: str = "general") -> SampleView:
 
 def traj(uid: str, response: str, sample: dict, domain: str = "general") -> Trajectory:
     return Trajectory(uid=uid, group_id=uid, domain=domain, prompt_ids=np.zeros(0, np.int32),
-                      response_ids=np.zeros(5, np.int32), sampling_logprobs=np.zeros(5, np.float32),
+                      response_ids=np.zeros(5, np.int32), inference_logprobs=np.zeros(5, np.float32),
                       response_text=response, sample=sample)
 
 
@@ -67,7 +68,7 @@ def test_request_zero_reasons():
 
 
 def test_long_response_is_cut_in_the_middle(judge, engine):
-    small = RubricJudge(engine, mode="expected", max_prompt_tokens=300)
+    small = judge_from_engine(engine, mode="expected", max_prompt_tokens=300)
     response = "START " + "filler words here. " * 300 + " END"
     q, r = small.fit(QUESTION, response, [c["criterion"] for c in RUBRIC])
     assert q == QUESTION and r.startswith("START") and r.endswith("END") and "tokens omitted" in r
@@ -83,8 +84,8 @@ def test_special_tokens_in_untrusted_text_are_removed(judge):
 
 def test_expected_mode_needs_single_token_scores(engine):
     with pytest.raises(ValueError, match="one token"):
-        RubricJudge(engine, mode="expected", score_max=5000)
-    RubricJudge(engine, mode="text", score_max=5000)  # text mode parses integers, no such constraint
+        judge_from_engine(engine, mode="expected", score_max=5000)
+    judge_from_engine(engine, mode="text", score_max=5000)  # text mode parses integers, no such constraint
 
 
 # ----------------------------------------------------------------------------------------- expected mode
@@ -147,7 +148,7 @@ class CountingEngine:
 
 def test_text_mode_garbage_retries_once_then_zero_with_reason(engine):
     counting = CountingEngine(engine)
-    j = RubricJudge(counting, mode="text", max_new_tokens=6, max_prompt_tokens=512)
+    j = judge_from_engine(counting, mode="text", max_new_tokens=6, max_prompt_tokens=512)
     assert j.mode == "text"  # (no next_token_logprobs on this engine: text mode is the only choice anyway)
     out = j.score(requests())
     assert counting.calls == [4, 4]  # all 4 criteria in one call, then one batched retry of the 4 failures
@@ -156,7 +157,7 @@ def test_text_mode_garbage_retries_once_then_zero_with_reason(engine):
 
 
 def test_expected_mode_falls_back_to_text_without_logprobs(engine):
-    assert RubricJudge(CountingEngine(engine), mode="expected").mode == "text"
+    assert judge_from_engine(CountingEngine(engine), mode="expected").mode == "text"
 
 
 # ------------------------------------------------------------------------------------------ composition
@@ -187,9 +188,9 @@ class Broken:
         raise RuntimeError("judge engine exploded")
 
 
-def test_judge_that_raises_gives_zero_and_other_parts_count(judge):
-    broken = RubricJudge(judge.engine, mode="expected")
-    broken.engine = Broken()
+def test_judge_that_raises_gives_zero_and_other_parts_count(engine):
+    broken = judge_from_engine(engine, mode="expected")
+    broken.next_token_logprobs = Broken().next_token_logprobs
     t = traj("a", "Blue light scatters more.", {"prompt": QUESTION, "rubric": RUBRIC})
     with RewardComposer(GENERAL, {}, 48, judge=broken) as c:
         c.score([t])

@@ -12,7 +12,7 @@ from rl.trajectory import Trajectory
 
 def traj(text, answer, domain="math", n=5, uid="u"):
     return Trajectory(uid=uid, group_id="g", domain=domain, prompt_ids=[1], response_ids=np.zeros(n),
-                      sampling_logprobs=np.zeros(n), response_text=text, sample={"answer": answer})
+                      inference_logprobs=np.zeros(n), response_text=text, sample={"answer": answer})
 
 
 @pytest.fixture(scope="module")

@@ -287,7 +287,7 @@ def test_collated_batch_with_padding(family):
         trajs.append(
             Trajectory(
                 uid=str(i), group_id="g", domain="d", prompt_ids=ids[0, :p].numpy(), response_ids=ids[0, p:].numpy(),
-                sampling_logprobs=np.zeros(r, np.float32), routed_experts=routes,
+                inference_logprobs=np.zeros(r, np.float32), routed_experts=routes,
             )
         )
     batch = collate(trajs, pad_id=0)

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 from rl.config import resolve_auto
 from rl.data import PromptMixture
 from rollout.worker import RolloutWorker
-from trainer.policy import PolicyTrainer, split_micro
-from trainer.reference import ReferenceModel
+from trainer.policy import PolicyTrainer
+from trainer.frozen import FrozenModel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,12 +77,12 @@ def test_zero3_with_checkpointing_and_replay_equals_zero2(setup):
 def test_reference_kl_and_checkpoint_roundtrip(setup, tmp_path):
     cfg, trajs, path = setup
     cfg = copy.deepcopy(cfg)
-    ref = ReferenceModel(cfg, path)
+    ref = FrozenModel(cfg, path)
     ref_lp = ref.logprobs(trajs)
     for t, lp in zip(trajs, ref_lp):
         assert lp.shape == (t.num_response_tokens,)
         # reference == initial policy and the mask is replayed: ref logprobs equal the engine's
-        assert np.allclose(lp, t.sampling_logprobs, atol=1e-4)
+        assert np.allclose(lp, t.inference_logprobs, atol=1e-4)
     tr = PolicyTrainer(cfg, path, 0, 1, "127.0.0.1", _port())
     kl_trajs = copy.deepcopy(trajs)
     for t, lp in zip(kl_trajs, ref_lp):
@@ -101,11 +101,3 @@ def test_reference_kl_and_checkpoint_roundtrip(setup, tmp_path):
 
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ck" / "hf")
     assert torch.equal(hf.state_dict()["lm_head.weight"], weights["lm_head.weight"])
-
-
-def test_split_micro_is_exact():
-    for n_items in range(1, 40):
-        for n in range(1, 9):
-            parts = split_micro(list(range(n_items)), n)
-            assert sum(parts, []) == list(range(n_items))
-            assert len(parts) == min(n, n_items) and max(map(len, parts)) - min(map(len, parts)) <= 1

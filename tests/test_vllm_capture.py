@@ -8,7 +8,7 @@ import torch
 
 from rollout.sampling import process_logits
 from rollout.vllm_engine import align_routes, default_num_logprobs, flat_to_capture
-from trainer.weight_sync import to_checkpoint_format
+from rl.models import to_checkpoint_format
 
 
 def _fake_flat(logp: torch.Tensor, sampled: torch.Tensor, k: int):
@@ -29,16 +29,16 @@ def test_flat_to_capture_recovers_kept_sets():
     logp = process_logits(torch.randn(R, V) * 3, temperature=1.0, top_k=top_k, top_p=0.8)
     sampled = torch.multinomial(logp.exp(), 1).squeeze(1)
     cap = flat_to_capture(_fake_flat(logp, sampled, default_num_logprobs(top_k)), R, want_mask=True)
-    np.testing.assert_allclose(cap.logprobs, logp.gather(1, sampled[:, None]).squeeze(1).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(cap.inference_logprobs, logp.gather(1, sampled[:, None]).squeeze(1).numpy(), rtol=1e-6)
     assert cap.truncated == 0  # K = top_k + 1 > any top-k set
     for j in range(R):
-        got = set(cap.mask_ids[cap.mask_offsets[j] : cap.mask_offsets[j + 1]].tolist())
+        got = set(cap.kept_ids[cap.kept_offsets[j] : cap.kept_offsets[j + 1]].tolist())
         assert got == set(torch.isfinite(logp[j]).nonzero().squeeze(1).tolist())
     # K smaller than the kept sets: every position whose K-th entry is finite is flagged
     cut = flat_to_capture(_fake_flat(logp, sampled, 4), R, want_mask=True)
     assert cut.truncated == int((torch.isfinite(logp).sum(1) >= 4).sum())
     assert np.array_equal(cut.cut, (torch.isfinite(logp).sum(1) >= 4).numpy())
-    assert flat_to_capture(_fake_flat(logp, sampled, 0), R, want_mask=True).mask_ids is None
+    assert flat_to_capture(_fake_flat(logp, sampled, 0), R, want_mask=True).kept_ids is None
 
 
 def test_align_routes_zeroes_dense_layers():

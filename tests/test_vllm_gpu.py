@@ -15,6 +15,7 @@ NCCL broadcast.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():  # pragma: no cover - CPU machines with vllm installed
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from gpu_helpers import DENSE_SMALL, MOE_SMALL, base_cfg, build_model, chat_prompts  # noqa: E402
+from launch.testbed import DENSE_SMALL, MOE_SMALL, base_cfg, build_model, chat_prompts  # noqa: E402
 
 from rl.models import load_causal_lm, load_tokenizer  # noqa: E402
 from rl.trajectory import collate  # noqa: E402
@@ -54,10 +55,11 @@ def ray_session():
                 ids=lambda p: "-".join(p))
 def setup(request, tmp_path_factory, ray_session):
     ray = ray_session
-    from rl.cluster import ColocatedPlacement
+    from launch.placement import ColocatedPlacement
+    from launch.weight_sync import VLLMWeightSync
     from rollout.worker import RolloutWorker
+    from trainer.dist import free_port
     from trainer.policy import PolicyTrainer
-    from trainer.weight_sync import VLLMWeightSync, local_address
 
     kind, placement = request.param
     if placement == "split" and torch.cuda.device_count() < 2:
@@ -74,7 +76,7 @@ def setup(request, tmp_path_factory, ray_session):
     pg = ColocatedPlacement(cfg)  # colocated: both actors in one GPU bundle, as the driver places them
     worker = ray.remote(num_gpus=share, num_cpus=1)(RolloutWorker).options(**pg.options(0)).remote(cfg, path, 0)
     ray.get(worker.ready.remote())  # vLLM first: it profiles free memory at start
-    _, port = local_address()
+    port = free_port()
     trainer = ray.remote(num_gpus=share, num_cpus=1)(PolicyTrainer).options(**pg.options(0)).remote(
         cfg, path, 0, 1, "127.0.0.1", port)
     ray.get(trainer.ready.remote())
@@ -97,10 +99,12 @@ def setup(request, tmp_path_factory, ray_session):
 
 
 def _trainer_logprobs(model, trajs, pad_id, keep_mask: bool, replay: bool):
+    if not keep_mask:  # the trainer scores over the kept sets exactly when the batch carries them
+        trajs = [dataclasses.replace(t, kept_ids=None, kept_offsets=None) for t in trajs]
     batch = collate(trajs, pad_id).to("cuda")
     with torch.no_grad(), route_replay(model, batch, replay) as rp:
-        out = forward_logprobs(model, batch, temperature=1.0, keep_sampling_mask=keep_mask)
-    diff = (out.logprobs.float() - batch.old_logprobs.float()).abs()[batch.loss_mask > 0]
+        out = forward_logprobs(model, batch, temperature=1.0)
+    diff = (out.logprobs.float() - batch.inference_logprobs.float()).abs()[batch.loss_mask > 0]
     return float(diff.mean()), float(diff.max()), float(getattr(rp, "mismatch_frac", 0.0))
 
 
@@ -108,16 +112,16 @@ def test_a_step0_logprobs_match(setup):
     kind, trajs, model, tok = setup["kind"], setup["trajs"], setup["model"], setup["tok"]
     assert len(trajs) == 16 and all(t.num_response_tokens > 0 for t in trajs)
     for t in trajs:  # capture contract
-        assert t.mask_offsets is not None and len(t.mask_offsets) == t.num_response_tokens + 1
-        assert len(t.mask_ids) == t.mask_offsets[-1] and (np.diff(t.mask_offsets) >= 1).all()
+        assert t.kept_offsets is not None and len(t.kept_offsets) == t.num_response_tokens + 1
+        assert len(t.kept_ids) == t.kept_offsets[-1] and (np.diff(t.kept_offsets) >= 1).all()
         if kind == "moe":
             assert t.routed_experts.shape == (len(t.prompt_ids) + t.num_response_tokens - 1, 4, 2)
             assert t.routed_experts.dtype == np.uint8
             assert (t.routed_experts[:, 0] == 0).all()  # mlp_only_layers=[0] -> dense row zeroed
             assert t.routed_experts[:, 1:].max() > 0
-    kept = np.concatenate([np.diff(t.mask_offsets) for t in trajs])
+    kept = np.concatenate([np.diff(t.kept_offsets) for t in trajs])
     positions = sum(t.num_response_tokens for t in trajs)
-    truncated = sum(t.mask_truncated for t in trajs) / positions
+    truncated = sum(t.kept_set_cut for t in trajs) / positions
     res = RESULTS.setdefault(setup["name"], {})
     res["kept_set_mean_size"] = float(kept.mean())
     res["mask_truncated_pos_frac"] = truncated
@@ -169,7 +173,7 @@ def test_a2_capture_modes_agree(setup):
     res = RESULTS.setdefault(setup["name"], {})
     for mode, tr in (("sampler", setup["trajs"]), ("logprobs", trajs)):
         mean, mx, _ = _trainer_logprobs(model, tr, tok.pad_token_id, True, kind == "moe")
-        kept = float(np.concatenate([np.diff(t.mask_offsets) for t in tr]).mean())
+        kept = float(np.concatenate([np.diff(t.kept_offsets) for t in tr]).mean())
         res[f"capture={mode}"] = {"mean_abs_diff": round(mean, 5), "max_abs_diff": round(mx, 5), "kept_mean": kept}
         print(f"[a2] {setup['name']} capture={mode}: mean|trainer - vllm| = {mean:.5f} max = {mx:.5f} kept set mean {kept:.1f}")
         assert mean < 0.05, res
@@ -196,16 +200,16 @@ def test_b_sync_after_step(setup):
     kind, worker, trainer, sync, trajs = setup["kind"], setup["worker"], setup["trainer"], setup["sync"], setup["trajs"]
     prompts = [t.prompt_ids.tolist() for t in trajs[:4]]
     conts = [t.response_ids[:32].tolist() for t in trajs[:4]]
-    old_v = ray.get(worker.score.remote(prompts, conts))
+    old_v = ray.get(worker.continuation_logprobs.remote(prompts, conts))
     hf_old = _hf_logprobs(setup["model"], prompts, conts)
 
     for i, t in enumerate(trajs):
         t.advantage = 1.0 if i % 2 == 0 else -1.0
     sync.after_generate()  # colocated: vLLM sleeps (level 2) while the trainer steps; split: no-op
-    tokens = int(sum(t.generated_mask().sum() for t in trajs))
+    tokens = int(sum(t.loss_mask_or_ones().sum() for t in trajs))
     sums = ray.get(trainer.train_step.remote([trajs], [(len(trajs), tokens)]))
     stats = sync.sync()
-    new_v = ray.get(worker.score.remote(prompts, conts))
+    new_v = ray.get(worker.continuation_logprobs.remote(prompts, conts))
 
     state = ray.get(trainer.full_state_dict.remote("bfloat16"))
     model = load_causal_lm(setup["path"], "bfloat16", "sdpa", "cuda").eval()

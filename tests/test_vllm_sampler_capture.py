@@ -134,11 +134,11 @@ def test_sampler_capture_gives_each_completion_its_rows(monkeypatch, flush_every
     out = vc.assemble(rows, comps, K)
     for (key, P, toks), got in zip(comps, out):
         R = len(toks)
-        assert len(got["logprobs"]) == R and len(got["mask_offsets"]) == R + 1
+        assert len(got["inference_logprobs"]) == R and len(got["kept_offsets"]) == R + 1
         for t in range(R):
             tok, lp, kept = truth[(internal[key], P + t)]
-            assert got["logprobs"][t] == pytest.approx(lp, abs=1e-5)
-            ids = got["mask_ids"][got["mask_offsets"][t] : got["mask_offsets"][t + 1]]
+            assert got["inference_logprobs"][t] == pytest.approx(lp, abs=1e-5)
+            ids = got["kept_ids"][got["kept_offsets"][t] : got["kept_offsets"][t + 1]]
             assert set(ids.tolist()) == kept and len(ids) == len(kept) and tok in kept
         assert not got["cut"].any()  # K = top_k + 1 holds every top-k set
 
@@ -155,7 +155,7 @@ def test_cut_rows_are_flagged_and_logprob_only_mode(runner_cls):
     for (key, P, toks), got in zip(comps, vc.assemble(rows, comps, 4)):
         sizes = np.array([len(truth[(internal[key], P + t)][2]) for t in range(len(toks))])
         assert np.array_equal(got["cut"], sizes > 4)  # exact: a set of exactly K ids is whole
-        assert (np.diff(got["mask_offsets"]) == np.minimum(sizes, 4)).all()
+        assert (np.diff(got["kept_offsets"]) == np.minimum(sizes, 4)).all()
     # K = 0: logprobs only (no truncation to replay)
     vc.start_rpc(worker, 0)
     truth = _run_schedule(runner, torch.Generator().manual_seed(2), SCHEDULE)
@@ -164,9 +164,9 @@ def test_cut_rows_are_flagged_and_logprob_only_mode(runner_cls):
     internal = {vc.request_key(r): r for r in rows["req_ids"]}
     comps = _completions(truth, internal)
     for (key, P, toks), got in zip(comps, vc.assemble(rows, comps, 0)):
-        assert got["mask_ids"] is None
+        assert got["kept_ids"] is None
         want = [truth[(internal[key], P + t)][1] for t in range(len(toks))]
-        np.testing.assert_allclose(got["logprobs"], want, atol=1e-5)
+        np.testing.assert_allclose(got["inference_logprobs"], want, atol=1e-5)
 
 
 def test_assemble_refuses_rows_out_of_step():
@@ -187,7 +187,7 @@ def test_assemble_refuses_rows_out_of_step():
         vc.assemble(rows, [("9", 3, np.array([1]))], TOP_K + 1)
     # an empty completion needs no rows
     empty = vc.assemble(rows, [("9", 3, np.zeros(0, np.int64))], TOP_K + 1)[0]
-    assert len(empty["logprobs"]) == 0 and list(empty["mask_offsets"]) == [0]
+    assert len(empty["inference_logprobs"]) == 0 and list(empty["kept_offsets"]) == [0]
 
 
 def test_capture_is_idle_until_started_and_ids_parse():

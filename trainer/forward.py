@@ -79,19 +79,18 @@ def forward_logprobs(
     batch: TrainBatch,
     *,
     temperature: float,
-    keep_sampling_mask: bool,
     chunk_size: int = 1024,
     with_entropy: bool = False,
 ) -> ForwardOut:
-    """Logprobs (and entropy) of the sampled tokens; run inside `route_replay` for Keep Routing."""
+    """Logprobs (and entropy) of the sampled tokens; run inside `route_replay` for Keep Routing. A batch that carries
+    kept sets (the engine recorded them: Keep Sampling Mask on) is scored over them, else over the full vocabulary."""
     body, head = split_head(model)
     hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
     hidden = hidden.reshape(-1, hidden.shape[-1])[batch.logit_index]
-    use_mask = keep_sampling_mask and batch.mask_offsets is not None
     kwargs = dict(
         temperature=temperature,
-        mask_ids=batch.mask_ids if use_mask else None,
-        mask_offsets=batch.mask_offsets if use_mask else None,
+        kept_ids=batch.kept_ids,
+        kept_offsets=batch.kept_offsets,
         chunk_size=chunk_size,
         with_entropy=with_entropy,
     )

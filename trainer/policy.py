@@ -3,14 +3,12 @@
 The driver hands every rank its share of each mini-batch; a rank runs micro-batches (gradient accumulation) and
 one optimizer step per mini-batch, so `trainer.mini_batches` > 1 gives several updates per rollout batch. The
 loss of a micro-batch is already normalised by the mini-batch's global sequence/token counts (see
-`rl.losses.grpo_loss`), so it is multiplied by the world size to undo DeepSpeed's gradient averaging and
+`rl.losses.aggregate`), so it is multiplied by the world size to undo DeepSpeed's gradient averaging and
 backpropagated without DeepSpeed's 1/GAS scaling.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -18,32 +16,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rl.batching import micro_batches, micro_batches_per_minibatch
 from rl.config import logprob_temperature
-from rl.losses import grpo_loss
+from rl.metrics import accumulate_train_stats
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
+from trainer.dist import free_port, init_process_group_env, node_address, pick_device
 from trainer.forward import PolicyForward, route_replay
-
-
-def pick_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
-def init_process_group_env(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> None:
-    """DeepSpeed reads these even for one process (otherwise it goes looking for mpi4py)."""
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK="0",  # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES
-        MASTER_ADDR=master_addr,
-        MASTER_PORT=str(master_port),
-    )
-    if device == "cpu":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        # The shared-memory comm op JIT-compiles for minutes on first use; gloo is enough for us.
-        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+from trainer.objectives import OBJECTIVES
 
 
 def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int) -> dict:
@@ -119,6 +99,9 @@ class PolicyTrainer:
         self.zero_stage = int(tcfg["zero_stage"])
         if self.zero_stage == 3:
             self.engine.module.register_zero3_external_head()
+        self.objective = OBJECTIVES[str(acfg.get("objective", "grpo"))]
+        self.temperature = logprob_temperature(cfg["rollout"])
+        self.chunk_size = int(tcfg["logprob_chunk_size"])
 
     def ready(self) -> int:
         return self.rank
@@ -126,43 +109,23 @@ class PolicyTrainer:
     # -- one rollout batch ------------------------------------------------------------------------------------
     def train_step(self, minibatches: list[list[Trajectory]], norms: list[tuple[int, int]]) -> dict:
         """Run every mini-batch (this rank's share) with one optimizer step each; return metric sums."""
-        acfg, tcfg = self.cfg["algorithm"], self.cfg["trainer"]
         sums: dict[str, float] = defaultdict(float)
         self.engine.train()
-        for mb_index, (trajs, (norm_seqs, norm_tokens)) in enumerate(zip(minibatches, norms)):
-            micro = split_micro(trajs, self.grad_accum)
+        for mb_index, (trajs, norm) in enumerate(zip(minibatches, norms)):
+            micro = micro_batches(trajs, self.grad_accum)
             if len(micro) != self.grad_accum:  # DeepSpeed steps the optimizer every grad_accum micro-steps
                 raise ValueError(f"rank {self.rank}: mini-batch of {len(trajs)} gives {len(micro)} micro-batches, expected {self.grad_accum}")
             for chunk in micro:
                 batch = collate(chunk, self.tokenizer.pad_token_id).to(self.engine.device)
                 with route_replay(self.model, batch, self.keep_routing) as replay:
-                    logprobs, entropy = self.engine(
-                        batch,
-                        temperature=logprob_temperature(self.cfg["rollout"]),
-                        keep_sampling_mask=bool(acfg["keep_sampling_mask"]),
-                        chunk_size=int(tcfg["logprob_chunk_size"]),
-                        with_entropy=True,
-                    )
-                    loss, stats = grpo_loss(
-                        logprobs,
-                        batch.old_logprobs,
-                        batch.ref_logprobs,
-                        batch.seq_index,
-                        batch.loss_mask,
-                        batch.advantages,
-                        batch.kl_coef,
-                        batch.opsm_delta,
-                        eps_low=float(acfg["clip_eps_low"]),
-                        eps_high=float(acfg["clip_eps_high"]),
-                        unbiased_kl=bool(acfg["unbiased_kl"]),
-                        aggregation=str(acfg["loss_aggregation"]),
-                        norm_seqs=norm_seqs,
-                        norm_tokens=norm_tokens,
-                    )
+                    logprobs, entropy = self.engine(batch, temperature=self.temperature, chunk_size=self.chunk_size,
+                                                    with_entropy=True)
+                    loss, stats = self.objective(logprobs, batch, self.cfg["algorithm"], norm)
                     self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
                 self.engine.step()
                 routing = (int(replay.mismatch_count), int(replay.total_count))
-                accumulate_stats(sums, batch, logprobs.detach(), entropy, stats, routing, first_minibatch=mb_index == 0)
+                accumulate_train_stats(sums, batch, logprobs.detach(), entropy, stats, routing,
+                                       first_minibatch=mb_index == 0)
             sums["grad_norm"] += float(self.engine.get_global_grad_norm() or 0.0)
             sums["optimizer_steps"] += 1
         sums["lr"] = float(self.engine.get_lr()[0])
@@ -188,9 +151,8 @@ class PolicyTrainer:
 
     # -- GPU weight sync to vLLM rollout workers (trainer/weight_sync.py) ---------------------------------------
     def weight_sync_address(self) -> tuple[str, int]:
-        from trainer.weight_sync import local_address
-
-        return local_address()
+        """(this node's IP, a free port) for the NCCL weight-transfer rendezvous (split placement)."""
+        return node_address(), free_port()
 
     def init_weight_sync(self, backend: str, master_address: str | None = None, master_port: int | None = None,
                          world_size: int | None = None) -> None:
@@ -232,41 +194,3 @@ class PolicyTrainer:
             np.random.set_state(rng["numpy"])
             random.setstate(rng["python"])
         return client_state.get("mixrl", {})
-
-
-def micro_batches_per_minibatch(cfg: dict, world_size: int) -> int:
-    samples = int(cfg["data"]["prompts_per_step"]) * int(cfg["rollout"]["n_samples"])
-    per_rank = samples // int(cfg["trainer"]["mini_batches"]) // world_size
-    return max(1, -(-per_rank // int(cfg["trainer"]["micro_batch_size"])))
-
-
-def split_micro(trajs: list[Trajectory], n: int) -> list[list[Trajectory]]:
-    """Split into n contiguous micro-batches of near-equal size (fewer when there are fewer than n samples)."""
-    bounds = np.linspace(0, len(trajs), min(n, len(trajs)) + 1).round().astype(int)
-    return [trajs[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-
-
-def accumulate_stats(sums: dict, batch, logprobs, entropy, stats: dict, routing: tuple[int, int], first_minibatch: bool) -> None:
-    mask = batch.loss_mask
-    tokens = float(mask.sum())
-    sums["loss/pg"] += float(stats["pg_loss"])
-    sums["loss/kl"] += float(stats["kl_loss"])
-    sums["clip_tokens"] += float(stats["clip_tok_sum"])
-    sums["tokens"] += tokens
-    if entropy is not None:
-        sums["entropy_sum"] += float((entropy * mask).sum())
-    if first_minibatch:
-        # Same weights on both sides before the first update: the train/inference mismatch.
-        diff = (batch.old_logprobs - logprobs).abs()
-        sums["mismatch_abs_sum"] += float((diff * mask).sum())
-        sums["mismatch_tokens"] += tokens
-        sums["routing_mismatch"] += routing[0]
-        sums["routing_total"] += routing[1]
-    keep = stats["opsm_keep"]
-    has_ref = batch.kl_coef > 0
-    for i, domain in enumerate(batch.domains):
-        sums[f"seqs/{domain}"] += 1
-        sums[f"opsm_masked/{domain}"] += float(not bool(keep[i]))
-        if bool(has_ref[i]):
-            sums[f"kl_sum/{domain}"] += float(stats["kl_seq"][i])
-            sums[f"kl_seqs/{domain}"] += 1

@@ -1,4 +1,5 @@
-"""GPU weight sync trainer -> vLLM rollout workers with vLLM 0.26's native weight-transfer API.
+"""The trainer's side of the GPU weight sync to vLLM rollout workers (vLLM 0.26's native weight-transfer API);
+the driver's side, which runs one sync over every worker and rank, is `launch/weight_sync.py`.
 
 Two placements (`rollout.placement`):
 - colocated: trainer rank i and rollout worker i share GPU i (fractional Ray `num_gpus` in one placement-group
@@ -10,49 +11,26 @@ Two placements (`rollout.placement`):
   worker (`NCCLWeightTransferEngine`, packed buffers). NCCL between two processes on one GPU does not work, so
   colocated always uses IPC.
 
-Per sync, driven by `VLLMWeightSync.sync` (driver side): every worker `begin_weight_update` (wake weights +
+Per sync, driven by `launch.weight_sync.VLLMWeightSync.sync`: every worker `begin_weight_update` (wake weights +
 `start_weight_update`), every trainer rank `send_weights` (ZeRO-3: all ranks gather the parameters bucket by bucket,
 a collective; ZeRO-0/1/2: parameters are whole on each rank and gathering is skipped), every worker
 `end_weight_update` (`finish_weight_update`, wake the KV cache, `reset_prefix_cache`).
 
-Names: the trainer's parameters are renamed to the checkpoint layout vLLM loads (`to_checkpoint_format`):
-transformers 5 fuses MoE experts into 3-D `experts.gate_up_proj` / `experts.down_proj`, checkpoints (and vLLM's
-loaders) keep one `experts.<e>.{gate,up,down}_proj.weight` per expert. The per-expert pieces are views (no copy).
+Names: the trainer's parameters are renamed to the checkpoint layout vLLM loads (`rl.models.to_checkpoint_format`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 import time
 from collections.abc import Iterator
 
 import torch
 
+from rl.models import to_checkpoint_format
+
 log = logging.getLogger(__name__)
-
-# model_type -> (gate, up, down) names of one expert's projections in the checkpoint layout
-_EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2")}
-_DEFAULT_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
-
-
-def to_checkpoint_format(name: str, tensor: torch.Tensor, model_type: str) -> list[tuple[str, torch.Tensor]]:
-    """One trainer parameter -> the (name, tensor) pairs of the HF checkpoint layout (views, no copies)."""
-    if model_type == "mixtral":
-        name = name.replace(".mlp.", ".block_sparse_moe.")
-    gate, up, down = _EXPERT_NAMES.get(model_type, _DEFAULT_EXPERT_NAMES)
-    if name.endswith(".experts.gate_up_proj") and tensor.dim() == 3:
-        base, half = name[: -len("gate_up_proj")], tensor.shape[1] // 2
-        out = []
-        for e in range(tensor.shape[0]):
-            out.append((f"{base}{e}.{gate}.weight", tensor[e, :half]))
-            out.append((f"{base}{e}.{up}.weight", tensor[e, half:]))
-        return out
-    if name.endswith(".experts.down_proj") and tensor.dim() == 3:
-        base = name[: -len("down_proj")]
-        return [(f"{base}{e}.{down}.weight", tensor[e]) for e in range(tensor.shape[0])]
-    return [(name, tensor)]
 
 
 def iter_weight_buckets(
@@ -88,19 +66,6 @@ def iter_weight_buckets(
             with deepspeed.zero.GatheredParameters([q for _, q in bucket], modifier_rank=None):
                 yield convert([(n, q.data) for n, q in bucket])
             bucket, size = [], 0
-
-
-def local_address() -> tuple[str, int]:
-    """(this node's IP, a free port) for the NCCL weight-transfer rendezvous."""
-    try:
-        import ray
-
-        ip = ray.util.get_node_ip_address()
-    except Exception:
-        ip = "127.0.0.1"
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return ip, s.getsockname()[1]
 
 
 def _make_args(cls, **candidates):
@@ -180,71 +145,3 @@ class WeightSender:
         args = _make_args(NCCLTrainerSendWeightsArgs, group=self.group, packed=self.packed)
         NCCLWeightTransferEngine.trainer_send_weights(iter(items), args)
         ray.get(refs)
-
-
-class VLLMWeightSync:
-    """Driver side: sets up the transfer and runs one sync across all workers and trainer ranks."""
-
-    def __init__(self, cfg: dict, workers: list, trainers: list):
-        r = cfg["rollout"]
-        self.workers, self.trainers = workers, list(trainers)  # workers: the pool's live list (restarts replace entries)
-        self.placement = str(r.get("placement", "colocated"))
-        if self.placement not in ("colocated", "split"):
-            raise ValueError(f"rollout.placement must be colocated or split, got {self.placement!r}")
-        self.backend = "ipc" if self.placement == "colocated" else "nccl"
-        self.tp = int(r.get("tensor_parallel_size", 1))
-        self.sleep_level = int(r.get("sleep_level", 2)) if (self.placement == "colocated" and r.get("enable_sleep_mode")) else 0
-        if self.placement == "colocated" and (len(self.workers) != len(self.trainers) or self.tp != 1):
-            raise ValueError("rollout.placement=colocated needs one rollout worker per trainer rank and "
-                             "tensor_parallel_size 1 (rl.config checks this at start)")
-
-    def init(self) -> None:
-        import ray
-
-        if self.backend == "nccl":
-            addr, port = ray.get(self.trainers[0].weight_sync_address.remote())
-            world = 1 + len(self.workers) * self.tp
-            refs = [
-                w.init_weight_transfer_engine.remote(
-                    dict(init_info=dict(master_address=addr, master_port=port, rank_offset=1 + i * self.tp, world_size=world))
-                )
-                for i, w in enumerate(self.workers)
-            ]
-            refs += [t.init_weight_sync.remote("nccl", addr, port, world) for t in self.trainers]
-        else:
-            refs = [w.init_weight_transfer_engine.remote(dict(init_info=dict())) for w in self.workers]
-            refs += [t.init_weight_sync.remote("ipc") for t in self.trainers]
-        ray.get(refs)
-
-    def reattach(self, worker) -> None:
-        """A restarted worker (already loaded through the CPU path) joins the transfer again."""
-        import ray
-
-        if self.backend == "ipc":
-            ray.get(worker.init_weight_transfer_engine.remote(dict(init_info=dict())))
-        else:
-            raise RuntimeError(
-                "a split-placement vLLM worker restarted: the NCCL weight-transfer group cannot be rejoined; "
-                "restart the run with trainer.resume=auto"
-            )
-
-    def after_generate(self) -> None:
-        """Colocated with sleep mode: free vLLM's GPU memory (weights and KV cache) for training."""
-        import ray
-
-        if self.sleep_level:
-            ray.get([w.sleep.remote(self.sleep_level) for w in self.workers])
-
-    def sync(self) -> dict:
-        import ray
-
-        t0 = time.perf_counter()
-        ray.get([w.begin_weight_update.remote() for w in self.workers])
-        if self.backend == "ipc":
-            targets = [list(self.workers) for _ in self.trainers]  # every rank takes part (see WeightSender)
-        else:
-            targets = [self.workers] + [[] for _ in self.trainers[1:]]
-        stats = ray.get([t.send_weights.remote(targets[i]) for i, t in enumerate(self.trainers)])
-        ray.get([w.end_weight_update.remote() for w in self.workers])
-        return {"seconds": time.perf_counter() - t0, "send_seconds": max(s["seconds"] for s in stats),
-                "bytes": sum(s["bytes"] for s in stats), "tensors": sum(s["tensors"] for s in stats)}

@@ -1,5 +1,6 @@
-"""Shared by tests/test_vllm_gpu.py and benchmarks/*.py: random-weight models with the locally built tokenizer,
-and a config dict for RolloutWorker / PolicyTrainer without composing Hydra (only the groups they read)."""
+"""Test beds for the GPU tests and the benchmarks: random-weight models of given shapes with the locally built
+tokenizer, a config dict for RolloutWorker / PolicyTrainer without composing Hydra (only the groups they read),
+and chat prompts."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from launch.config import CONF_DIR
 
 # Small models for the GPU tests (head_dim 64; the MoE has one dense layer so dense-row zeroing is exercised).
 DENSE_SMALL = dict(
@@ -37,39 +38,23 @@ MOE_1B = dict(
 
 
 def build_model(out_dir: str | Path, spec: dict, seed: int = 0) -> str:
-    """Random-weight bf16 model (real weights via save_pretrained) + the locally built tokenizer in out_dir."""
+    """Random-weight bf16 model (on the GPU when there is one) + the locally built tokenizer in out_dir; kept
+    when out_dir already holds one."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rl.models import build_tokenizer
+    from rl.models import build_random_model
 
     out_dir = Path(out_dir)
-    if (out_dir / "config.json").exists():
-        return str(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out_dir)
-    spec = dict(spec)
-    model_type = spec.pop("model_type")
-    vocab = spec.pop("vocab_size", len(tok))
-    config = AutoConfig.for_model(
-        model_type, vocab_size=vocab, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-        bos_token_id=None, **spec,
-    )
-    torch.manual_seed(seed)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(out_dir)
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    if not (out_dir / "config.json").exists():
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        build_random_model(out_dir, spec, dtype=torch.bfloat16, seed=seed, device=device)
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return str(out_dir)
 
 
 def _yaml(rel: str) -> dict:
-    return yaml.safe_load((ROOT / "conf" / rel).read_text())
+    return yaml.safe_load((CONF_DIR / rel).read_text())
 
 
 def base_cfg(model_path: str, *, keep_mask: bool, keep_routing: bool, **groups) -> dict:

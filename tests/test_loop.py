@@ -1,6 +1,5 @@
-"""Driver pieces that need no cluster: advantages with failed rewards, resume selection, start-up checks."""
+"""Loop pieces that need no cluster: advantages with failed rewards, resume selection, start-up checks."""
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from launch.checkpoint import find_resume
+from rl.advantages import assign_advantages, attach_domain_coefficients
 from rl.config import ConfigError
-from rl.driver import assign_advantages, find_resume
 from rl.trajectory import Trajectory, collate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _traj(uid, group, reward, failed=False, **kw):
     t = Trajectory(uid=uid, group_id=group, domain="math", prompt_ids=[1, 2], response_ids=[3, 4],
-                   sampling_logprobs=[-1.0, -1.0], **kw)
+                   inference_logprobs=[-1.0, -1.0], **kw)
     t.reward, t.reward_failed = reward, failed
     return t
 
@@ -25,7 +25,8 @@ def _traj(uid, group, reward, failed=False, **kw):
 def test_failed_rewards_get_no_advantage_and_no_say_in_the_baseline():
     cfg = {"algorithm": {"normalize_adv_std": False}, "domains": {"math": {"kl_coef": 0.1}}}
     trajs = [_traj("a", "g", 1.0), _traj("b", "g", 0.0), _traj("c", "g", 0.0, failed=True), _traj("d", "h", 0.5)]
-    assign_advantages(trajs, cfg)
+    assign_advantages(trajs, cfg["algorithm"]["normalize_adv_std"])
+    attach_domain_coefficients(trajs, cfg["domains"])
     assert [t.advantage for t in trajs] == [0.5, -0.5, 0.0, 0.0]  # group g's mean is over a and b only
     assert all(t.kl_coef == 0.1 and t.opsm_delta is None for t in trajs)  # opsm_delta absent = off
 
@@ -51,11 +52,11 @@ def test_resume_selection(tmp_path):
 
 
 def test_collate_rejects_mixed_masks_and_trajectory_checks_csr():
-    masked = _traj("a", "g", 0.0, mask_ids=np.array([3, 7, 4], dtype=np.int32), mask_offsets=np.array([0, 2, 3]))
-    with pytest.raises(ValueError, match="sampling mask"):
+    masked = _traj("a", "g", 0.0, kept_ids=np.array([3, 7, 4], dtype=np.int32), kept_offsets=np.array([0, 2, 3]))
+    with pytest.raises(ValueError, match="kept set"):
         collate([masked, _traj("b", "g", 0.0)], pad_id=0)
-    with pytest.raises(ValueError, match="mask_offsets"):
-        _traj("c", "g", 0.0, mask_ids=np.array([3, 4], dtype=np.int32), mask_offsets=np.array([0, 2, 3]))
+    with pytest.raises(ValueError, match="kept_offsets"):
+        _traj("c", "g", 0.0, kept_ids=np.array([3, 4], dtype=np.int32), kept_offsets=np.array([0, 2, 3]))
     with pytest.raises(ValueError, match="loss_mask"):
         _traj("d", "g", 0.0, loss_mask=np.array([1]))
 

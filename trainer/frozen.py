@@ -1,10 +1,12 @@
-"""`ReferenceModel`: the frozen initial policy, used only for the KL term.
+"""`FrozenModel`: a model that is never trained and only scores sampled tokens. Today it is the KL reference (the
+initial policy); a distillation teacher is the same actor with another model path.
 
-The driver calls it only for samples whose domain has `kl_coef > 0`, and not at all when a batch has none.
+The loop calls the reference only for samples whose domain has `kl_coef > 0`, and not at all when a batch has none.
 `algorithm.ref_keep_routing` (default false) decides whether the reference replays the policy's sampled MoE
 routes: off, pi_ref is the reference model's own distribution (its router picks its experts), which is what the
 KL penalty is meant to anchor to; on, pi_ref is evaluated under the policy's expert choices, which hides router
-drift from the KL and is only useful for comparison.
+drift from the KL and is only useful for comparison. Kept sets are applied when the batch carries them, exactly as
+for the policy.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ import torch
 from rl.config import logprob_temperature
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
+from trainer.dist import pick_device
 from trainer.forward import forward_logprobs, route_replay
-from trainer.policy import pick_device
 
 
-class ReferenceModel:
+class FrozenModel:
     def __init__(self, cfg: dict, model_path: str):
         self.cfg = cfg
         if cfg["trainer"].get("threads"):
@@ -30,25 +32,26 @@ class ReferenceModel:
             model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"), self.device
         ).eval()
         self.model.requires_grad_(False)
+        acfg = cfg["algorithm"]
+        self.replay_routes = bool(acfg["keep_routing"]) and bool(acfg["ref_keep_routing"])
 
     def ready(self) -> bool:
         return True
 
     @torch.no_grad()
     def logprobs(self, trajs: list[Trajectory]) -> list[np.ndarray]:
-        acfg, tcfg = self.cfg["algorithm"], self.cfg["trainer"]
+        """log pi_frozen of every response token, one array per trajectory."""
+        tcfg = self.cfg["trainer"]
         size = int(tcfg["micro_batch_size"])
         out: list[np.ndarray] = []
         for start in range(0, len(trajs), size):
             chunk = trajs[start : start + size]
             batch = collate(chunk, self.tokenizer.pad_token_id).to(self.device)
-            replay = bool(acfg["keep_routing"]) and bool(acfg["ref_keep_routing"])
-            with route_replay(self.model, batch, replay):
+            with route_replay(self.model, batch, self.replay_routes):
                 res = forward_logprobs(
                     self.model,
                     batch,
                     temperature=logprob_temperature(self.cfg["rollout"]),
-                    keep_sampling_mask=bool(acfg["keep_sampling_mask"]),
                     chunk_size=int(tcfg["logprob_chunk_size"]),
                 )
             logp = res.logprobs.float().cpu().numpy()

@@ -1,4 +1,4 @@
-"""`python -m rewards score IN.jsonl --out OUT.jsonl [hydra overrides]`: score responses offline, for debugging.
+"""`python -m launch.score IN.jsonl --out OUT.jsonl [hydra overrides]`: score responses offline, for debugging.
 
 Input line: {"domain", "prompt", "response", + that domain's fields ("answer", "tests", "rubric", "language"),
 optional "finish_reason" ("stop" default) and "response_tokens"}. Output line: the input plus "reward", "parts"
@@ -21,31 +21,26 @@ import argparse
 import json
 import logging
 import sys
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from launch.config import CONF_DIR, compose
+from rewards.compose import RewardComposer
+from rewards.judge import uses_rubric_judge
+from rl.config import to_plain
 from rl.trajectory import Trajectory
 
-from .compose import RewardComposer, to_plain
-from .judge import uses_rubric_judge
-
 logger = logging.getLogger(__name__)
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 BATCH = 256
 _RUNTIME_KEYS = ("response", "finish_reason", "response_tokens")
 
 
 def load_hydra_config(overrides: list[str]) -> dict:
-    from hydra import compose, initialize_config_dir
-
     if not (CONF_DIR / "train.yaml").exists():
         raise SystemExit(f"{CONF_DIR / 'train.yaml'} not found: pass --config FILE with domains/rewards/rollout")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides)
-    return to_plain(cfg)
+    return compose(overrides)
 
 
 def load_plain_config(path: str) -> dict:
@@ -69,7 +64,7 @@ def _line_to_traj(k: int, row: dict, count_tokens: Callable[[str], int]) -> Traj
     # CLI lines have no token ids: empty prompt ids, placeholder response ids whose length is the token count.
     return Trajectory(
         uid=f"line-{k}", group_id=f"line-{k}", domain=row["domain"], prompt_ids=np.zeros(0, np.int32),
-        response_ids=np.zeros(n, np.int32), sampling_logprobs=np.zeros(n, np.float32), finish_reason=finish,
+        response_ids=np.zeros(n, np.int32), inference_logprobs=np.zeros(n, np.float32), finish_reason=finish,
         prompt_text=str(row.get("prompt", "")), response_text=response, sample=sample,
     )
 
@@ -82,7 +77,7 @@ def score_lines(lines: Iterable[str], cfg: dict, count_tokens: Callable[[str], i
     """Plain-dict config in, one output dict per input line out (streamed in batches)."""
     judge = None
     if uses_rubric_judge(cfg["domains"]):
-        from .judge import build_judge
+        from rollout.judge_worker import build_judge
 
         judge = build_judge(cfg)
     composer = RewardComposer(cfg["domains"], cfg.get("rewards") or {},
@@ -123,15 +118,13 @@ def score_lines(lines: Iterable[str], cfg: dict, count_tokens: Callable[[str], i
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rewards", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m launch.score", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sc = sub.add_parser("score", help="score a JSONL file of responses")
-    sc.add_argument("input")
-    sc.add_argument("--out", required=True)
-    sc.add_argument("--config", help="plain YAML/JSON config instead of the Hydra conf/ tree")
-    sc.add_argument("--tokenizer", help="tokenizer path/name to count response tokens (default: word count)")
-    sc.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. rewards.code.wall_s=5")
+    ap.add_argument("input", help="JSONL file of responses to score")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--config", help="plain YAML/JSON config instead of the Hydra conf/ tree")
+    ap.add_argument("--tokenizer", help="tokenizer path/name to count response tokens (default: word count)")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. rewards.code.wall_s=5")
     # Overrides may come before or after the options; argparse leaves the late ones unrecognised.
     args, extra = ap.parse_known_args(argv)
     bad = [x for x in extra if x.startswith("-") or "=" not in x]
@@ -167,3 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"scored {n} lines -> {args.out}: mean reward {total / max(n, 1):.4f}, {errors} with an error",
           file=sys.stderr)
     return 0
+
+
+# The guard matters: the reward process pool uses forkserver, whose workers import the main module.
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,25 +1,39 @@
-"""The Ray side of the driver: start the actors, fan work out to them, and survive a dead worker.
+"""The actors of a run and the calls that fan work out to them (runs in the Ray driver).
 
-Roles (one class each, easy to find): `rollout.worker.RolloutWorker`, `rewards.worker.RewardWorker`,
-`trainer.policy.PolicyTrainer` (one per data-parallel rank), `trainer.reference.ReferenceModel`.
-Rollout and reward workers are stateless apart from weights, so one that dies is replaced (and re-synced) and
-its share is retried once; a dead trainer rank ends the run with a pointer to the last checkpoint.
+Roles, one class each: `rollout.worker.RolloutWorker`, `rewards.worker.RewardWorker`,
+`rollout.judge_worker.JudgeWorker` (when a domain uses the rubric judge), `trainer.policy.PolicyTrainer` (one per
+data-parallel rank) and `trainer.frozen.FrozenModel` (the KL reference, when a domain has kl_coef > 0).
+Rollout and reward workers are stateless apart from weights, so one that dies or hangs is replaced (and re-synced)
+and its share retried once; a dead trainer rank ends the run with a pointer to the last checkpoint. Calls to a
+pool are submitted and collected separately, so a rollout can run while the trainer trains (the loop's
+`rollout.max_staleness`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections.abc import Callable
 
 import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from launch.placement import ColocatedPlacement
+from rewards.judge import uses_rubric_judge
+from rewards.worker import RewardWorker
+from rl.batching import minibatch_norm, split_even
+from rl.config import needs_reference
 from rl.trajectory import Trajectory
+from rollout.judge_worker import JudgeWorker
+from rollout.worker import RolloutWorker
+from trainer.dist import free_port
+from trainer.frozen import FrozenModel
+from trainer.policy import PolicyTrainer
 
 log = logging.getLogger(__name__)
+# Environment variables every actor inherits from the driver (offline switches, caches, W&B, DeepSpeed).
+FORWARDED_ENV = ("HF_", "TRANSFORMERS_", "WANDB_", "MIXRL_", "TOKENIZERS_", "DS_")
 
 
 def start_ray(rcfg: dict) -> None:
@@ -34,75 +48,43 @@ def start_ray(rcfg: dict) -> None:
             num_gpus=rcfg.get("num_gpus"),
             include_dashboard=False,
             log_to_driver=True,
-            runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith(("HF_", "TRANSFORMERS_", "WANDB_", "MIXRL_", "TOKENIZERS_", "DS_"))}},
+            runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}},
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class PendingMap:
+    """One `ActorPool.submit` in flight; `collect()` returns the results in item order."""
 
+    def __init__(self, pool: "ActorPool", method: str, shares: list[list], args: tuple):
+        self.pool, self.method, self.shares, self.args = pool, method, shares, args
+        self.refs = [getattr(a, method).remote(s, *args) if s else None for a, s in zip(pool.actors, shares)]
 
-def _split(items: list, n: int) -> list[list]:
-    bounds = np.linspace(0, len(items), n + 1).round().astype(int)
-    return [items[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-
-
-class ColocatedPlacement:
-    """Colocated vLLM: a Ray placement group of one GPU per trainer rank, so rollout worker i and trainer rank i
-    land on the same GPU (their fractional `num_gpus` share it); the reference and the judge join GPU 0 when they
-    ask for a fraction of a GPU. `options(i)` / `options("reference")` / `options("judge")` give the Ray
-    `.options(...)` kwargs ({} when not colocated, or for a role placed outside the group)."""
-
-    def __init__(self, cfg: dict):
-        self.pg = None
-        from rl.config import colocated_shares
-
-        shares = colocated_shares(cfg)
-        if not shares:
-            return
-        from ray.util.placement_group import placement_group
-
-        r, t = cfg["rollout"], cfg["trainer"]
-        self.n = int(t["num_processes"])
-        roles = {"reference": "trainer.ref_num_gpus", "judge": "rewards.judge.num_gpus"}
-        self.on_gpu0 = {role for role, key in roles.items() if key in shares}
-        cpus = float(r["num_cpus"]) + float(t["num_cpus"])
-        bundles = [{"GPU": 1.0, "CPU": cpus} for _ in range(self.n)]
-        if "reference" in self.on_gpu0:
-            bundles[0]["CPU"] += float(t["num_cpus"])
-        if "judge" in self.on_gpu0:
-            bundles[0]["CPU"] += float(cfg["rewards"]["judge"].get("num_cpus") or 0)
-        self.pg = placement_group(bundles, strategy="PACK")
-        try:
-            ray.get(self.pg.ready(), timeout=300)
-        except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(f"colocated placement: Ray could not reserve {bundles}") from None
-
-    def options(self, who: int | str) -> dict:
-        if self.pg is None:
-            return {}
-        if isinstance(who, str):
-            if who not in self.on_gpu0:
-                return {}
-            who = 0
-        if who >= self.n:
-            return {}
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=self.pg,
-                                                                        placement_group_bundle_index=who)}
-
-    def remove(self) -> None:
-        if self.pg is not None:
-            ray.util.remove_placement_group(self.pg)
-            self.pg = None
+    def collect(self) -> list:
+        """Wait for every share; a worker that died or exceeded the pool's timeout is replaced and its share
+        retried once (a second timeout ends the run with the reason)."""
+        pool, out = self.pool, []
+        for i, (ref, share) in enumerate(zip(self.refs, self.shares)):
+            if ref is None:
+                continue
+            try:
+                out.extend(ray.get(ref, timeout=pool.timeout_s))
+            except (RayActorError, GetTimeoutError) as e:
+                what = "timed out" if isinstance(e, GetTimeoutError) else f"died ({e})"
+                log.error("%s worker %d %s; replacing it and retrying its %d items", pool.name, i, what, len(share))
+                pool.replace(i)
+                try:
+                    out.extend(ray.get(getattr(pool.actors[i], self.method).remote(share, *self.args),
+                                       timeout=pool.timeout_s))
+                except GetTimeoutError:
+                    raise RuntimeError(
+                        f"{pool.name} worker {i}: {self.method} exceeded {pool.timeout_s}s twice; raise the timeout "
+                        f"({pool.name} timeout_s) or look for a hang (checkpoints are in run_dir)"
+                    ) from None
+        return out
 
 
 class ActorPool:
-    """Stateless workers of one class; a worker that dies or exceeds `timeout_s` on a call is replaced and its
-    share retried once (a second failure ends the run with the reason)."""
+    """Stateless workers of one class; each call splits its items evenly across them (`rl.batching.split_even`)."""
 
     def __init__(self, name: str, factory: Callable[[int], ray.actor.ActorHandle], size: int,
                  on_restart: Callable[[ray.actor.ActorHandle], None] | None = None, timeout_s: float | None = None):
@@ -112,50 +94,27 @@ class ActorPool:
     def wait_ready(self) -> None:
         ray.get([a.ready.remote() for a in self.actors])
 
-    def _replace(self, i: int) -> None:
+    def replace(self, i: int) -> None:
         ray.kill(self.actors[i])  # a hung actor would otherwise keep its CPUs/GPU
         self.actors[i] = self.factory(i)
         ray.get(self.actors[i].ready.remote())
         if self.on_restart is not None:
             self.on_restart(self.actors[i])
 
+    def submit(self, method: str, items: list, *args) -> PendingMap:
+        """Start `method(share, *args)` on every worker with its share of `items`; collect it later."""
+        return PendingMap(self, method, split_even(items, len(self.actors)), args)
+
     def map(self, method: str, items: list, *args) -> list:
-        """Split items across the workers, call `method(share, *args)`, concatenate results in order."""
-        shares = _split(items, len(self.actors))
-        refs = [getattr(a, method).remote(s, *args) if s else None for a, s in zip(self.actors, shares)]
-        out: list = []
-        for i, (ref, share) in enumerate(zip(refs, shares)):
-            if ref is None:
-                continue
-            try:
-                out.extend(ray.get(ref, timeout=self.timeout_s))
-            except (RayActorError, GetTimeoutError) as e:
-                what = "timed out" if isinstance(e, GetTimeoutError) else f"died ({e})"
-                log.error("%s worker %d %s; replacing it and retrying its %d items", self.name, i, what, len(share))
-                self._replace(i)
-                try:
-                    out.extend(ray.get(getattr(self.actors[i], method).remote(share, *args), timeout=self.timeout_s))
-                except GetTimeoutError:
-                    raise RuntimeError(
-                        f"{self.name} worker {i}: {method} exceeded {self.timeout_s}s twice; raise the timeout "
-                        f"({self.name} timeout_s) or look for a hang (checkpoints are in run_dir)"
-                    ) from None
-        return out
+        return self.submit(method, items, *args).collect()
 
 
 class Cluster:
     def __init__(self, cfg: dict, model_path: str):
-        from rewards.worker import RewardWorker
-        from rollout.worker import RolloutWorker
-        from trainer.policy import PolicyTrainer
-        from trainer.reference import ReferenceModel
-
         self.cfg = cfg
         r, t, rw = cfg["rollout"], cfg["trainer"], cfg["rewards"]
         self._latest_weights = None
-        self._weight_sync = None  # vLLM: GPU weight sync (trainer/weight_sync.py); hf: the CPU path below
-        from rl.config import needs_reference
-
+        self._weight_sync = None  # vLLM: GPU weight sync (launch/weight_sync.py); hf: the object store, below
         self._placement = ColocatedPlacement(cfg)  # colocated vLLM: worker i and trainer rank i share GPU i
         rollout_cls = ray.remote(num_cpus=r["num_cpus"], num_gpus=r["num_gpus"])(RolloutWorker)
         self.rollout = ActorPool(
@@ -167,9 +126,7 @@ class Cluster:
         )
         if r["engine"] != "hf":
             self.rollout.wait_ready()  # vLLM profiles GPU memory at start: start it before the trainers allocate
-        self.judge = None  # one rubric-judge actor for the run, shared by the reward workers (rewards/judge.py)
-        from rewards.judge import JudgeWorker, uses_rubric_judge
-
+        self.judge = None  # one rubric-judge actor for the run, shared by the reward workers
         if uses_rubric_judge(cfg["domains"]):
             jc = rw["judge"]
             # max_restarts: a judge that dies is restarted; the batches in flight meanwhile score 0 with the reason.
@@ -184,7 +141,7 @@ class Cluster:
             timeout_s=rw.get("actor_timeout_s"),
         )
         n = int(t["num_processes"])
-        port = _free_port()
+        port = free_port("127.0.0.1")
         trainer_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["num_gpus"])(PolicyTrainer)
         self.trainers = [
             trainer_cls.options(**self._placement.options(rank)).remote(cfg, model_path, rank, n, "127.0.0.1", port)
@@ -192,7 +149,7 @@ class Cluster:
         ]
         self.reference = None
         if needs_reference(cfg):
-            ref_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(ReferenceModel)
+            ref_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
             self.reference = ref_cls.options(**self._placement.options("reference")).remote(cfg, model_path)
         self.rollout.wait_ready()
         self.rewards.wait_ready()
@@ -202,7 +159,7 @@ class Cluster:
         if self.reference is not None:
             ray.get(self.reference.ready.remote())
         if ray.get(self.rollout.actors[0].engine_name.remote()) == "vllm":
-            from trainer.weight_sync import VLLMWeightSync
+            from launch.weight_sync import VLLMWeightSync
 
             self._weight_sync = VLLMWeightSync(cfg, self.rollout.actors, self.trainers)
             self._weight_sync.init()
@@ -217,8 +174,11 @@ class Cluster:
             ) from e
 
     # -- phases ------------------------------------------------------------------------------------------
-    def generate(self, requests: list[dict], step: int) -> list[Trajectory]:
-        trajs = self.rollout.map("generate", requests, step)
+    def submit_rollout(self, requests: list[dict], step: int) -> PendingMap:
+        return self.rollout.submit("generate", requests, step)
+
+    def collect_rollout(self, pending: PendingMap) -> list[Trajectory]:
+        trajs = pending.collect()
         if self._weight_sync is not None:
             self._weight_sync.after_generate()  # colocated + sleep mode: give the GPU memory to the trainer
         return trajs
@@ -232,8 +192,8 @@ class Cluster:
     def train(self, minibatches: list[list[Trajectory]]) -> list[dict]:
         """Each mini-batch is split evenly across ranks; the loss is normalised by the whole mini-batch."""
         n = len(self.trainers)
-        norms = [(len(mb), int(sum(t.generated_mask().sum() for t in mb))) for mb in minibatches]
-        shards = [[_split(mb, n)[rank] for mb in minibatches] for rank in range(n)]
+        norms = [minibatch_norm(mb) for mb in minibatches]
+        shards = [[split_even(mb, n)[rank] for mb in minibatches] for rank in range(n)]
         return self._get_trainers([a.train_step.remote(shards[r], norms) for r, a in enumerate(self.trainers)])
 
     def sync_weights(self) -> None:

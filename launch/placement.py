@@ -1,0 +1,116 @@
+"""Where the actors run on GPUs: the colocated placement group, and the GPU-share checks made before Ray starts
+(a wrong share would otherwise hang in Ray, waiting for resources that never come).
+
+`rollout.placement`:
+- colocated: one Ray placement group with one GPU per trainer rank; rollout worker i and trainer rank i share
+  bundle i (their fractional `num_gpus` split the GPU); the reference model and the rubric judge join GPU 0 when
+  they ask for a fraction of a GPU (a whole GPU or more is placed outside the group, on a GPU of its own).
+- split: vLLM workers own their GPUs; no group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rewards.judge import uses_rubric_judge
+from rl.config import ConfigError, check_choice, needs_reference, rollout_placement
+
+
+def is_colocated_vllm(cfg: Mapping) -> bool:
+    """vLLM (or auto) rollouts that share their GPUs with the trainer ranks."""
+    r = cfg["rollout"]
+    return r["engine"] != "hf" and rollout_placement(r) == "colocated" and float(r.get("num_gpus") or 0) > 0
+
+
+def check_gpu_layout(cfg: Mapping) -> None:
+    """The vLLM placement and every actor's GPU share; raises ConfigError naming the key."""
+    r, t = cfg["rollout"], cfg["trainer"]
+    if "placement" in r:
+        check_choice(r, "placement", "rollout", {"colocated", "split"})
+    if is_colocated_vllm(cfg):
+        if int(r["num_workers"]) != int(t["num_processes"]) or int(r.get("tensor_parallel_size", 1)) != 1:
+            raise ConfigError(
+                "rollout.placement=colocated pairs trainer rank i with rollout worker i on one GPU: it needs "
+                f"rollout.num_workers == trainer.num_processes (got {r['num_workers']} and {t['num_processes']}) "
+                f"and rollout.tensor_parallel_size == 1 (got {r.get('tensor_parallel_size', 1)}); use "
+                "rollout.placement=split for tensor-parallel rollouts"
+            )
+    colocated_shares(cfg)
+    if t.get("device") == "cuda" and needs_reference(cfg) and not float(t.get("ref_num_gpus") or 0):
+        raise ConfigError(
+            "trainer.ref_num_gpus: the reference model (some domain has kl_coef > 0) would see no GPU with "
+            "trainer.device=cuda; give it a GPU share (e.g. trainer.ref_num_gpus=0.1, on GPU 0 when colocated)"
+        )
+
+
+def colocated_shares(cfg: Mapping) -> dict[str, float]:
+    """GPU shares that colocated vLLM puts on one GPU: the worker and the trainer rank on every GPU, plus on GPU 0
+    the reference model and the rubric judge when they ask for a fraction of a GPU. Empty when the run is not
+    colocated vLLM. Raises ConfigError naming the keys."""
+    if not is_colocated_vllm(cfg):
+        return {}
+    r, t = cfg["rollout"], cfg["trainer"]
+    gpus_r, gpus_t = float(r.get("num_gpus") or 0), float(t.get("num_gpus") or 0)
+    if gpus_t <= 0:
+        raise ConfigError(f"rollout.placement=colocated: trainer.num_gpus must be > 0 (e.g. 0.5) to share the "
+                          f"rollout worker's GPU, got {gpus_t}")
+    shares = {"rollout.num_gpus": gpus_r, "trainer.num_gpus": gpus_t}
+    extra = {"trainer.ref_num_gpus": float(t.get("ref_num_gpus") or 0) if needs_reference(cfg) else 0.0,
+             "rewards.judge.num_gpus": float(((cfg.get("rewards") or {}).get("judge") or {}).get("num_gpus") or 0)
+             if uses_rubric_judge(cfg.get("domains") or {}) else 0.0}
+    shares.update({k: v for k, v in extra.items() if 0 < v < 1})
+    if sum(shares.values()) > 1.0 + 1e-9:
+        raise ConfigError("rollout.placement=colocated: the GPU shares on one GPU must sum to <= 1, got "
+                          + " + ".join(f"{k} {v}" for k, v in shares.items()))
+    return shares
+
+
+class ColocatedPlacement:
+    """Colocated vLLM's placement group. `options(i)` / `options("reference")` / `options("judge")` give the Ray
+    `.options(...)` kwargs ({} when not colocated, or for a role placed outside the group)."""
+
+    def __init__(self, cfg: dict):
+        import ray
+
+        self.pg = None
+        shares = colocated_shares(cfg)
+        if not shares:
+            return
+        from ray.util.placement_group import placement_group
+
+        r, t = cfg["rollout"], cfg["trainer"]
+        self.n = int(t["num_processes"])
+        roles = {"reference": "trainer.ref_num_gpus", "judge": "rewards.judge.num_gpus"}
+        self.on_gpu0 = {role for role, key in roles.items() if key in shares}
+        cpus = float(r["num_cpus"]) + float(t["num_cpus"])
+        bundles = [{"GPU": 1.0, "CPU": cpus} for _ in range(self.n)]
+        if "reference" in self.on_gpu0:
+            bundles[0]["CPU"] += float(t["num_cpus"])
+        if "judge" in self.on_gpu0:
+            bundles[0]["CPU"] += float(cfg["rewards"]["judge"].get("num_cpus") or 0)
+        self.pg = placement_group(bundles, strategy="PACK")
+        try:
+            ray.get(self.pg.ready(), timeout=300)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"colocated placement: Ray could not reserve {bundles}") from None
+
+    def options(self, who: int | str) -> dict:
+        if self.pg is None:
+            return {}
+        if isinstance(who, str):
+            if who not in self.on_gpu0:
+                return {}
+            who = 0
+        if who >= self.n:
+            return {}
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=self.pg,
+                                                                        placement_group_bundle_index=who)}
+
+    def remove(self) -> None:
+        if self.pg is not None:
+            import ray
+
+            ray.util.remove_placement_group(self.pg)
+            self.pg = None

@@ -1,0 +1,68 @@
+"""The driver's side of the GPU weight sync to vLLM rollout workers: set the transfer up, run one sync over every
+worker and trainer rank, and put colocated vLLM to sleep while the trainer trains. The trainer's side (what is
+sent, and how) is `trainer/weight_sync.py`; the worker's side is `RolloutWorker.begin/end_weight_update`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+from rl.config import rollout_placement
+
+
+class VLLMWeightSync:
+    """Driver side: sets up the transfer and runs one sync across all workers and trainer ranks."""
+
+    def __init__(self, cfg: dict, workers: list, trainers: list):
+        r = cfg["rollout"]
+        self.workers, self.trainers = workers, list(trainers)  # workers: the pool's live list (restarts replace entries)
+        # The placement rules (one worker per rank, TP 1 when colocated) were checked at start (launch/placement.py).
+        colocated = rollout_placement(r) == "colocated"
+        self.backend = "ipc" if colocated else "nccl"
+        self.tp = int(r.get("tensor_parallel_size", 1))
+        self.sleep_level = int(r.get("sleep_level", 2)) if (colocated and r.get("enable_sleep_mode")) else 0
+
+    def init(self) -> None:
+        if self.backend == "nccl":
+            addr, port = ray.get(self.trainers[0].weight_sync_address.remote())
+            world = 1 + len(self.workers) * self.tp
+            refs = [
+                w.init_weight_transfer_engine.remote(
+                    dict(init_info=dict(master_address=addr, master_port=port, rank_offset=1 + i * self.tp, world_size=world))
+                )
+                for i, w in enumerate(self.workers)
+            ]
+            refs += [t.init_weight_sync.remote("nccl", addr, port, world) for t in self.trainers]
+        else:
+            refs = [w.init_weight_transfer_engine.remote(dict(init_info=dict())) for w in self.workers]
+            refs += [t.init_weight_sync.remote("ipc") for t in self.trainers]
+        ray.get(refs)
+
+    def reattach(self, worker) -> None:
+        """A restarted worker (already loaded through the CPU path) joins the transfer again."""
+        if self.backend == "ipc":
+            ray.get(worker.init_weight_transfer_engine.remote(dict(init_info=dict())))
+        else:
+            raise RuntimeError(
+                "a split-placement vLLM worker restarted: the NCCL weight-transfer group cannot be rejoined; "
+                "restart the run with trainer.resume=auto"
+            )
+
+    def after_generate(self) -> None:
+        """Colocated with sleep mode: free vLLM's GPU memory (weights and KV cache) for training."""
+        if self.sleep_level:
+            ray.get([w.sleep.remote(self.sleep_level) for w in self.workers])
+
+    def sync(self) -> dict:
+        t0 = time.perf_counter()
+        ray.get([w.begin_weight_update.remote() for w in self.workers])
+        if self.backend == "ipc":
+            targets = [list(self.workers) for _ in self.trainers]  # every rank takes part (see WeightSender)
+        else:
+            targets = [self.workers] + [[] for _ in self.trainers[1:]]
+        stats = ray.get([t.send_weights.remote(targets[i]) for i, t in enumerate(self.trainers)])
+        ray.get([w.end_weight_update.remote() for w in self.workers])
+        return {"seconds": time.perf_counter() - t0, "send_seconds": max(s["seconds"] for s in stats),
+                "bytes": sum(s["bytes"] for s in stats), "tensors": sum(s["tensors"] for s in stats)}

@@ -1,0 +1,58 @@
+"""GRPO advantages, and the one place where a sample takes its domain's coefficients (KL strength, OPSM threshold).
+
+Both run in the loop between rewards and training; both are pure functions of the trajectories and the config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from rl.trajectory import Trajectory
+
+
+def grpo_advantages(
+    rewards: torch.Tensor, group_index: torch.Tensor, normalize_std: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """Group-relative advantages (GRPO): A_i = R_i - mean_{j in g(i)} R_j, optionally / (std_g + eps).
+
+    `group_index[B]` (long) may hold any ids; samples sharing an id form a group. std is the population
+    std (unbiased=False). A group of one sample has A = 0 (its reward equals its own mean).
+    """
+    rewards = rewards.detach()
+    _, inv = torch.unique(group_index, return_inverse=True)
+    G = int(inv.max()) + 1 if inv.numel() else 0
+    count = torch.zeros(G, dtype=rewards.dtype, device=rewards.device).index_add_(0, inv, torch.ones_like(rewards))
+    mean = torch.zeros(G, dtype=rewards.dtype, device=rewards.device).index_add_(0, inv, rewards) / count
+    centered = rewards - mean[inv]
+    if not normalize_std:
+        return centered
+    var = torch.zeros(G, dtype=rewards.dtype, device=rewards.device).index_add_(0, inv, centered.square()) / count
+    return centered / (var.sqrt()[inv] + eps)
+
+
+def assign_advantages(trajs: list[Trajectory], normalize_std: bool) -> None:
+    """GRPO advantages per group (`grpo_advantages`), written to `Trajectory.advantage`.
+
+    A sample whose reward failed (an error or timeout, not an expected zero) gets advantage 0 and no say in its
+    group's baseline: nobody's answer is pushed down for a reward that never ran.
+    """
+    scored = [t for t in trajs if not t.reward_failed]
+    groups = {g: i for i, g in enumerate(dict.fromkeys(t.group_id for t in scored))}
+    adv = grpo_advantages(
+        torch.tensor([t.reward for t in scored], dtype=torch.float64),
+        torch.tensor([groups[t.group_id] for t in scored], dtype=torch.long),
+        normalize_std=bool(normalize_std),
+    ) if scored else torch.zeros(0)
+    by_uid = dict(zip((t.uid for t in scored), adv.tolist()))
+    for t in trajs:
+        t.advantage = by_uid.get(t.uid, 0.0)
+
+
+def attach_domain_coefficients(trajs: list[Trajectory], domains: Mapping[str, Mapping]) -> None:
+    """Each sample takes its domain's KL strength (`domains.<d>.kl_coef`) and OPSM threshold
+    (`domains.<d>.opsm_delta`, absent or null = off); the loss reads them per sample."""
+    for t in trajs:
+        d = domains[t.domain]
+        t.kl_coef, t.opsm_delta = float(d["kl_coef"]), d.get("opsm_delta")

@@ -1,0 +1,47 @@
+"""How a step's samples are cut up: mini-batches (optimizer steps), rank shards, micro-batches, worker shares.
+
+One splitter for all of them (`split_even`), so every cut follows the same rule: contiguous parts whose sizes
+differ by at most one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
+
+import numpy as np
+
+from rl.trajectory import Trajectory
+
+T = TypeVar("T")
+
+
+def split_even(items: Sequence[T], n: int) -> list[list[T]]:
+    """`n` contiguous parts of near-equal size, in order (some empty when there are fewer items than parts)."""
+    bounds = np.linspace(0, len(items), n + 1).round().astype(int)
+    return [list(items[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def minibatches(trajs: list[Trajectory], n: int, seed: int, step: int) -> list[list[Trajectory]]:
+    """The step's samples in a (seed, step)-determined random order, cut into `n` mini-batches (one optimizer
+    step each)."""
+    order = np.random.default_rng([seed, step, 7]).permutation(len(trajs))
+    return split_even([trajs[i] for i in order], n)
+
+
+def minibatch_norm(minibatch: list[Trajectory]) -> tuple[int, int]:
+    """(sequences, loss tokens) of a whole mini-batch: every rank's micro-batch losses are normalised by these,
+    so that they sum to the mini-batch's loss (see `rl.losses.aggregate`)."""
+    return len(minibatch), int(sum(t.loss_mask_or_ones().sum() for t in minibatch))
+
+
+def micro_batches(trajs: list[Trajectory], n: int) -> list[list[Trajectory]]:
+    """A rank's share of a mini-batch cut into at most `n` micro-batches (gradient accumulation)."""
+    return [part for part in split_even(trajs, n) if part]
+
+
+def micro_batches_per_minibatch(cfg: Mapping, world_size: int) -> int:
+    """Gradient-accumulation steps: a rank's share of a mini-batch over `trainer.micro_batch_size`, rounded up."""
+    samples = int(cfg["data"]["prompts_per_step"]) * int(cfg["rollout"]["n_samples"])
+    per_rank = samples // int(cfg["trainer"]["mini_batches"]) // world_size
+    return max(1, -(-per_rank // int(cfg["trainer"]["micro_batch_size"])))

@@ -62,6 +62,7 @@ VLLM_COLOCATED = ("rollout=vllm", "trainer.num_gpus=0.4", "rollout.num_gpus=0.4"
         (("trainer.num_gpus=0",), r"trainer\.num_gpus must be > 0"),
         (("rollout.num_workers=2",), r"rollout\.num_workers == trainer\.num_processes"),
         (("rollout.placement=spread",), r"rollout\.placement"),
+        (("rollout.max_staleness=1",), r"rollout\.max_staleness.*colocated vLLM"),
     ],
 )
 def test_bad_gpu_layout_names_the_key(overrides, match):

@@ -88,3 +88,16 @@ def test_two_zero3_ranks_compute_the_same_update_as_one(tmp_path):
     assert one["reward/mean"] == two["reward/mean"]  # same samples (same weights, same seeds)
     assert abs(one["loss/pg"] - two["loss/pg"]) < 1e-5
     assert abs(one["grad_norm"] - two["grad_norm"]) < 1e-4 * max(one["grad_norm"], 1e-8)
+
+
+@pytest.mark.slow
+def test_rollout_overlaps_training_with_a_staleness_bound(tmp_path):
+    """rollout.max_staleness=1: the rollout of step n+1 runs while step n trains, on weights one update old; the
+    samples of step 1 are the same as in a synchronous run (same weights, same seeds), later ones are not."""
+    common = ["+experiment=smoke_learn", "trainer.total_steps=3", "rollout.max_new_tokens=6"]
+    sync = launch(tmp_path / "sync", *common)
+    overlap = launch(tmp_path / "overlap", *common, "rollout.max_staleness=1")
+    assert [r["rollout/staleness"] for r in sync] == [0.0, 0.0, 0.0]
+    assert [r["rollout/staleness"] for r in overlap] == [0.0, 1.0, 1.0]
+    assert [x["response"] for x in rollouts(tmp_path / "sync", 1)] == [x["response"] for x in rollouts(tmp_path / "overlap", 1)]
+    assert [x["prompt"] for x in rollouts(tmp_path / "sync", 3)] == [x["prompt"] for x in rollouts(tmp_path / "overlap", 3)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import ray
@@ -36,20 +37,24 @@ log = logging.getLogger(__name__)
 FORWARDED_ENV = ("HF_", "TRANSFORMERS_", "WANDB_", "MIXRL_", "TOKENIZERS_", "DS_")
 
 
-def start_ray(rcfg: dict) -> None:
+def start_ray(rcfg: dict, run_dir: Path, lcfg: dict) -> None:
+    """Join `ray.address` or start a local cluster. Workers inherit the driver's offline/cache/W&B environment; with
+    `logger.worker_logs=file` their output (logging, prints, library noise) goes to run_dir/train.log instead of
+    breaking up the driver's progress bar."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    to_file = lcfg.get("worker_logs", "file") == "file"
+    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}
+    runtime_env: dict = {"env_vars": env}
+    if to_file:
+        env["MIXRL_WORKER_LOG"] = str(run_dir / "train.log")
+        runtime_env["worker_process_setup_hook"] = "launch.worker_logs.to_run_log"
     if rcfg.get("address"):
-        ray.init(address=rcfg["address"], log_to_driver=True)
+        ray.init(address=rcfg["address"], log_to_driver=not to_file, runtime_env=runtime_env)
     else:
-        ray.init(
-            num_cpus=rcfg.get("num_cpus"),
-            num_gpus=rcfg.get("num_gpus"),
-            include_dashboard=False,
-            log_to_driver=True,
-            runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}},
-        )
+        ray.init(num_cpus=rcfg.get("num_cpus"), num_gpus=rcfg.get("num_gpus"), include_dashboard=False,
+                 log_to_driver=not to_file, runtime_env=runtime_env)
 
 
 class PendingMap:
@@ -174,8 +179,9 @@ class Cluster:
             ) from e
 
     # -- phases ------------------------------------------------------------------------------------------
-    def submit_rollout(self, requests: list[dict], step: int) -> PendingMap:
-        return self.rollout.submit("generate", requests, step)
+    def submit_rollout(self, requests: list[dict], step: int, overrides: dict | None = None) -> PendingMap:
+        """`overrides`: sampling keys for held-out evaluation (see RolloutWorker.generate)."""
+        return self.rollout.submit("generate", requests, step, overrides)
 
     def collect_rollout(self, pending: PendingMap) -> list[Trajectory]:
         trajs = pending.collect()

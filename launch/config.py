@@ -2,19 +2,28 @@
 the model. Every mistake stops the run here with a `ConfigError` naming the key.
 
 `rl.config.validate` checks the algorithm, sampling, batch and per-domain keys; this adds what needs the layers
-above it: reward names and parameters (`rewards.compose`), GPU shares (`launch/placement.py`), the objective
-(`trainer.objectives`), the overlap of rollout and training, and the model itself (MoE and Keep Routing).
+above it: keys that no config file defines (added with `+`), reward names and parameters (`rewards.compose`),
+GPU shares (`launch/placement.py`), the objective (`trainer.objectives`), the overlap of rollout and training, the
+W&B login, and the model itself (that it exists; MoE and Keep Routing).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
+import yaml
+
 from launch.placement import check_gpu_layout, is_colocated_vllm
-from rewards.compose import check_reward_specs
+from launch.tracking import wandb_mode
+from rewards.compose import check_reward_specs, reward_section_keys
 from rl.config import ConfigError, check_number, resolve_auto, to_plain, validate
 from rl.models import resolve_model_path
 from trainer.objectives import OBJECTIVES
+
+log = logging.getLogger(__name__)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -29,12 +38,18 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> dict:
 
 
 def check_config(cfg: dict) -> None:
-    """Raise ConfigError for the first problem found (nothing is started)."""
+    """Raise ConfigError for the first problem found (nothing is started). Domains switched off (weight 0) are
+    checked like the others, then removed from cfg["domains"]."""
+    check_known_keys(cfg)
     validate(cfg)
     try:
         check_reward_specs(cfg["domains"], cfg["rewards"], cfg["rollout"]["max_new_tokens"])
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    off = [d for d, block in cfg["domains"].items() if float(block["weight"]) == 0]
+    if off:
+        log.info("domains switched off (weight 0): %s", ", ".join(off))
+        cfg["domains"] = {d: block for d, block in cfg["domains"].items() if d not in off}
     check_gpu_layout(cfg)
     objective = cfg["algorithm"].get("objective", "grpo")
     if objective not in OBJECTIVES:
@@ -43,6 +58,86 @@ def check_config(cfg: dict) -> None:
     if staleness and is_colocated_vllm(cfg):
         raise ConfigError("rollout.max_staleness > 0 overlaps rollout with training, which colocated vLLM cannot do "
                           "(it sleeps while the trainer trains): use rollout.placement=split, or 0")
+    if float(cfg["rollout"]["temperature"]) == 0:
+        log.warning("rollout.temperature=0 (greedy): the %d samples of a prompt are identical, so every advantage "
+                    "is 0 and GRPO learns nothing; sample with a temperature > 0", int(cfg["rollout"]["n_samples"]))
+    check_wandb_login(cfg["logger"])
+
+
+def known_keys() -> dict:
+    """Every key some config file defines: train.yaml, then the union of each group's files (a tree of dicts;
+    an empty mapping in a file, like `engine_args: {}`, takes any keys)."""
+    def merge(into: dict, tree: Mapping) -> dict:
+        for k, v in tree.items():
+            if isinstance(v, Mapping):
+                merge(into.setdefault(k, {}), v)
+            else:
+                into.setdefault(k, None)
+        return into
+
+    top = yaml.safe_load((CONF_DIR / "train.yaml").read_text())
+    out = merge({}, {k: v for k, v in top.items() if k != "defaults"})
+    for entry in top["defaults"]:
+        if isinstance(entry, Mapping):
+            group = next(iter(entry))
+            for f in sorted((CONF_DIR / group).glob("*.yaml")):
+                merge(out.setdefault(group, {}), yaml.safe_load(f.read_text()) or {})
+    return out
+
+
+def check_known_keys(cfg: Mapping) -> None:
+    """A key added with `+` that no config file defines (`+trainer.foo=1`) stops the run: it would do nothing.
+    `domains.*` is checked by rl.config; `rewards.<reward name>` sections take that reward's parameters."""
+    def walk(node: Mapping, known: Mapping, path: str) -> None:
+        for k, v in node.items():
+            where = f"{path}.{k}" if path else str(k)
+            if where in ("domains", "hydra"):
+                continue
+            if path == "rewards" and reward_section_keys(str(k)) is not None:  # a reward's parameter defaults
+                allowed = reward_section_keys(str(k)) | set(known.get(k) or {})
+                unknown = sorted(set(v) - allowed) if isinstance(v, Mapping) else []
+                if unknown:
+                    raise ConfigError(f"{where}.{unknown[0]}: unknown key; allowed: {sorted(allowed)}")
+                continue
+            if k not in known:
+                raise ConfigError(f"{where}: unknown key (no config file defines it; known here: {sorted(known)})")
+            sub = known[k]
+            if isinstance(v, Mapping) and isinstance(sub, Mapping) and sub:
+                walk(v, sub, where)
+
+    walk(cfg, known_keys(), "")
+
+
+def check_wandb_login(lcfg: Mapping) -> None:
+    """logger.mode=online needs an API key; without one W&B fails only after every actor has started."""
+    if wandb_mode(lcfg["mode"]) != "online" or os.environ.get("WANDB_API_KEY"):
+        return
+    import netrc
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        if netrc.netrc().authenticators(host):
+            return
+    except (OSError, netrc.NetrcParseError):
+        pass
+    raise ConfigError("logger.mode=online needs a W&B API key: set WANDB_API_KEY or run `wandb login`, or use "
+                      "logger.mode=offline (sync later with `wandb sync`)")
+
+
+def check_model_path(path: str) -> None:
+    """model.path: an embedded model, a local directory, or something the hub resolves (one line if not)."""
+    if path.startswith("embedded:") or Path(path).expanduser().is_dir():
+        return
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - any failure: say what to fix in one line
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"model.path={path}: not a local model directory, and the hub could not provide it "
+                          f"({reason}); give an HF model directory, a hub name reachable from here, or "
+                          f"embedded:tiny-moe") from None
 
 
 def model_is_moe(model_path: str, keep_routing) -> bool:
@@ -63,6 +158,7 @@ def model_is_moe(model_path: str, keep_routing) -> bool:
 def prepare(cfg: dict) -> str:
     """Check the config, build or find the model, and fill the `auto` switches; returns the model's path."""
     check_config(cfg)
+    check_model_path(str(cfg["model"]["path"]))
     model_path = resolve_model_path(cfg["model"]["path"])
     resolve_auto(cfg, model_is_moe(model_path, cfg["algorithm"]["keep_routing"]))
     return model_path

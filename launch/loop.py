@@ -1,7 +1,7 @@
 """The RL loop (runs in the Ray driver process):
 
     prompts (domain mixture) -> rollout (G samples each) -> rewards -> GRPO advantages -> [reference logprobs]
-    -> policy update (mini-batches) -> weight sync -> log -> checkpoint
+    -> policy update (mini-batches) -> weight sync -> [held-out eval] -> log -> checkpoint
 
 `rollout.max_staleness` = k lets the rollouts of the next k steps run while this step trains (0: synchronous).
 Their samples then come from weights k updates old; pi_old is still the engine's, and OPSM covers the drift.
@@ -15,15 +15,16 @@ from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 
-from launch.checkpoint import find_resume, load_checkpoint_state, save_checkpoint
+from launch.checkpoint import RunError, find_resume, load_checkpoint_state, save_checkpoint
 from launch.cluster import Cluster, start_ray
 from launch.config import prepare
+from launch.run_dir import RunDirLock, write_config
 from launch.tracking import Tracker
 from rewards.compose import required_fields
 from rl.advantages import assign_advantages, attach_domain_coefficients
 from rl.batching import minibatches
-from rl.data import PromptMixture
-from rl.metrics import rollout_metrics, step_metrics, trainer_metrics
+from rl.data import EvalPrompts, PromptMixture
+from rl.metrics import eval_metrics, rollout_metrics, step_metrics, trainer_metrics
 from rl.models import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -36,29 +37,28 @@ def timed(times: dict, name: str):
     times[f"time/{name}"] = time.perf_counter() - start
 
 
-def train(cfg: dict) -> Path:
-    """Run the whole job described by the resolved config; returns the run directory."""
+def train(cfg: dict) -> dict:
+    """Run the whole job described by the resolved config; returns the run's summary (launch/tracking.py)."""
+    launched = time.time()
     model_path = prepare(cfg)
     run_dir, t = Path(cfg["run_dir"]).resolve(), cfg["trainer"]
-    total, domains = int(t["total_steps"]), list(cfg["domains"])
-    mixture = PromptMixture(
-        cfg["domains"], load_tokenizer(model_path), seed=cfg["seed"],
-        max_prompt_tokens=cfg["data"]["max_prompt_tokens"], chat_template_kwargs=cfg["data"].get("chat_template_kwargs"),
-        required_fields={d: required_fields(spec["rewards"]) for d, spec in cfg["domains"].items()},
-    )
-    ckpt = find_resume(t["resume"], run_dir)
-    start_ray(cfg["ray"])
+    lock = RunDirLock(run_dir)  # before anything is written there
+    total, domains = int(t["total_steps"]), cfg["domains"]
+    parts = {d: [p.get("label", p["name"]) for p in spec["rewards"]] for d, spec in domains.items()}
+    tokenizer, needed = load_tokenizer(model_path), {d: required_fields(spec["rewards"]) for d, spec in domains.items()}
+    data = dict(max_prompt_tokens=cfg["data"]["max_prompt_tokens"], required_fields=needed,
+                chat_template_kwargs=cfg["data"].get("chat_template_kwargs"))
+    mixture = PromptMixture(domains, tokenizer, seed=cfg["seed"], **data)
+    ev = cfg.get("eval") or {}
+    evals = EvalPrompts(domains, tokenizer, max_prompts=int(ev.get("max_prompts") or 64), **data) if ev.get("every") else None
+    candidates = find_resume(t["resume"], run_dir)
+    write_config(run_dir, cfg)
+    start_ray(cfg["ray"], run_dir, cfg["logger"])
     cluster = Cluster(cfg, model_path)
-    start = 0
-    if ckpt is not None:
-        state = load_checkpoint_state(ckpt)
-        cluster.load(str(ckpt))
-        mixture.load_state_dict(state["data"])
-        start = int(state["step"])
-        cluster.sync_weights()
-        log.info("resumed from %s at step %d", ckpt, start + 1)
-    tracker = Tracker(cfg, run_dir, total, start, resume=ckpt is not None)
+    start = resume(cluster, mixture, candidates)
+    tracker = Tracker(cfg, run_dir, total, start, resume=bool(candidates), launched=launched)
     in_flight: deque = deque()  # (step, mixture state before its prompts, weight version, pending rollout)
+    warned_no_signal = False
 
     def submit_rollout(step: int) -> None:
         data_state = mixture.state_dict()
@@ -79,7 +79,7 @@ def train(cfg: dict) -> Path:
             with timed(times, "reward"):
                 trajs = cluster.score(trajs)
             assign_advantages(trajs, cfg["algorithm"]["normalize_adv_std"])
-            attach_domain_coefficients(trajs, cfg["domains"])
+            attach_domain_coefficients(trajs, domains)
             need_ref = [tr for tr in trajs if tr.kl_coef > 0]
             times["time/ref"] = 0.0  # the reference is not run at all when every sample's kl_coef is 0
             if need_ref:
@@ -90,19 +90,58 @@ def train(cfg: dict) -> Path:
                 sums = cluster.train(minibatches(trajs, int(t["mini_batches"]), cfg["seed"], step))
             with timed(times, "sync"):
                 cluster.sync_weights()
+            metrics = rollout_metrics(trajs, parts, staleness=step - 1 - version)
+            if evals is not None and (step % int(ev["every"]) == 0 or step == total):
+                with timed(times, "eval"):
+                    metrics.update(evaluate(cluster, evals, ev, parts, step, tracker))
             times["time/step"] = time.perf_counter() - t0
             generated = sum(tr.num_response_tokens for tr in trajs)
-            tracker.log({
-                **step_metrics(step, times, generated, mixture.skipped_too_long),
-                **rollout_metrics(trajs, staleness=step - 1 - version),
-                **trainer_metrics(sums, domains, int(t["mini_batches"])),
-            })
-            tracker.save_rollouts(step, trajs)
+            tracker.log({**step_metrics(step, times, generated, mixture.skipped_too_long), **metrics,
+                         **trainer_metrics(sums, list(domains), int(t["mini_batches"]))})
+            tracker.save_rollouts(f"step_{step:06d}", trajs)
+            if metrics["advantage/zero_variance_group_frac"] == 1.0 and not warned_no_signal:
+                warned_no_signal = True
+                log.warning("step %d: in every group all samples got the same reward, so every advantage is 0 and this "
+                            "step learned nothing (greedy sampling, a constant reward, or tasks too easy/hard for all "
+                            "samples); advantage/zero_variance_group_frac tracks it every step", step)
             if (t["save_every"] and step % int(t["save_every"]) == 0) or step == total:
                 # The data position to resume from is before the prompts of rollouts still in flight.
-                data = in_flight[0][1] if in_flight else mixture.state_dict()
-                save_checkpoint(cluster, {"step": step, "data": data}, run_dir, step, int(t["keep_checkpoints"]))
+                state = {"step": step, "data": in_flight[0][1] if in_flight else mixture.state_dict()}
+                save_checkpoint(cluster, state, run_dir, step, int(t["keep_checkpoints"]))
     finally:
-        tracker.close()
+        summary = tracker.close()
         cluster.shutdown()
-    return run_dir
+        lock.release()
+    return summary
+
+
+def resume(cluster: Cluster, mixture: PromptMixture, candidates: list[Path]) -> int:
+    """Load the first candidate checkpoint that loads (a damaged one gives way to the next, with a warning);
+    returns its step (0: a fresh run)."""
+    for ckpt in candidates:
+        try:
+            state = load_checkpoint_state(ckpt)
+            cluster.load(str(ckpt))
+        except Exception as e:  # noqa: BLE001 - a rank's load error arrives wrapped by Ray
+            last = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+            log.warning("checkpoint %s does not load (%s); trying an older one", ckpt, last[-1][:200] if last else e)
+            continue
+        mixture.load_state_dict(state["data"])
+        cluster.sync_weights()
+        log.info("resumed from %s at step %d", ckpt, int(state["step"]) + 1)
+        return int(state["step"])
+    if candidates:
+        raise RunError(f"no checkpoint of {candidates[0].parent} loads (see the warnings above); start a new run_dir "
+                       "or repair the newest checkpoint")
+    return 0
+
+
+def evaluate(cluster: Cluster, evals: EvalPrompts, ev: dict, parts: dict, step: int, tracker) -> dict:
+    """Held-out evaluation with the current weights: k samples per prompt, scored by each domain's rewards."""
+    k = int(ev.get("n_samples") or 4)
+    overrides = {"n_samples": k, "temperature": ev.get("temperature"), "top_p": ev.get("top_p"),
+                 "top_k": ev.get("top_k")}
+    trajs = cluster.score(cluster.collect_rollout(cluster.submit_rollout(evals.requests, 10**6 + step, overrides)))
+    tracker.save_rollouts(f"eval_step_{step:06d}", trajs)
+    outcome = {d: parts[d][0] for d in evals.domains}
+    return eval_metrics(trajs, k, outcome, float(ev.get("pass_threshold", 1.0)))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -27,6 +28,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from launch.config import CONF_DIR, compose
+from launch.tracking import json_line
 from rewards.compose import RewardComposer
 from rewards.judge import uses_rubric_judge
 from rl.config import to_plain
@@ -151,12 +153,20 @@ def main(argv: list[str] | None = None) -> int:
 
     n = errors = 0
     total = 0.0
-    with open(args.input, encoding="utf-8", errors="replace") as fin, open(args.out, "w", encoding="utf-8") as fout:
-        for out in score_lines(fin, cfg, count):
-            fout.write(json.dumps(out, ensure_ascii=False) + "\n")
-            n += 1
-            total += out["reward"]
-            errors += out["error"] is not None
+    out_path = Path(args.out)
+    # Written beside the output and renamed at the end: an interrupted run leaves no half file, and --out may be
+    # the input itself (it is read to the end before the rename).
+    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
+    try:
+        with open(args.input, encoding="utf-8", errors="replace") as fin, open(tmp, "w", encoding="utf-8") as fout:
+            for out in score_lines(fin, cfg, count):
+                fout.write(json_line(out))
+                n += 1
+                total += out["reward"]
+                errors += out["error"] is not None
+        os.replace(tmp, out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
     print(f"scored {n} lines -> {args.out}: mean reward {total / max(n, 1):.4f}, {errors} with an error",
           file=sys.stderr)
     return 0

@@ -1,7 +1,9 @@
-"""Metrics out: W&B (offline automatically without an API key), `metrics.jsonl` in the run dir, a progress bar.
+"""Metrics out: W&B (offline automatically without an API key), `metrics.jsonl` in the run dir, a progress bar, the
+samples of every step, and the run's summary at the end.
 
-The same dict goes everywhere; `None` values (e.g. `kl/<domain>` for a domain whose reference was not run)
-are written as null to the jsonl and left out of W&B.
+The same dict goes everywhere; `None` values (e.g. `kl/<domain>` for a domain whose reference was not run, or
+`reward/<domain>/mean` on a step that drew no prompt of that domain) are written as null to the jsonl and left out
+of W&B. A resumed run continues the same W&B run: its id is kept in `run_dir/wandb_run_id`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ import json
 import logging
 import math
 import os
+import secrets
+import string
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -23,20 +28,40 @@ def wandb_mode(mode: str) -> str:
     return "online" if os.environ.get("WANDB_API_KEY") else "offline"
 
 
+def json_line(obj) -> str:
+    """One JSON line that always encodes as UTF-8: model output may hold lone surrogates ("\\ud800"), which
+    ensure_ascii=False would pass through to a UTF-8 file write that then raises."""
+    line = json.dumps(obj, ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(obj, ensure_ascii=True)  # \\udXXX escapes: valid JSON, nothing lost
+    return line + "\n"
+
+
 class Tracker:
-    def __init__(self, cfg: dict, run_dir: Path, total_steps: int, start_step: int, resume: bool):
+    def __init__(self, cfg: dict, run_dir: Path, total_steps: int, start_step: int, resume: bool,
+                 launched: float | None = None):
+        """`launched`: when the run began (time.time()), to report the start-up time apart from training."""
         lcfg = cfg["logger"]
+        self.run_dir, self.total_steps = run_dir, total_steps
         self.path = run_dir / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not resume and self.path.exists():
             self.path.unlink()
         elif resume and self.path.exists():
             self._truncate_after(start_step)
+        self.started = time.time()
+        self.launched = launched or self.started
         self.run = None
         mode = wandb_mode(lcfg["mode"])
         if mode != "disabled":
             import wandb
 
+            id_file = run_dir / "wandb_run_id"
+            run_id = lcfg.get("run_id") or (id_file.read_text().strip() if resume and id_file.exists() else None)
+            run_id = run_id or "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+            id_file.write_text(run_id)
             self.run = wandb.init(
                 project=lcfg["project"],
                 entity=lcfg.get("entity"),
@@ -45,8 +70,8 @@ class Tracker:
                 dir=str(run_dir),
                 mode=mode,
                 config=cfg,
-                resume="allow" if resume else None,
-                id=lcfg.get("run_id"),
+                resume="allow",
+                id=run_id,
             )
         self.rollouts_dir = run_dir / "rollouts" if lcfg.get("save_rollouts", True) else None
         self.bar = None
@@ -78,22 +103,69 @@ class Tracker:
                 reward=f"{metrics.get('reward/mean', 0):.3f}", len=f"{metrics.get('response_length/mean', 0):.0f}"
             )
 
-    def save_rollouts(self, step: int, trajs) -> None:
-        """One jsonl per step under run_dir/rollouts/: what was asked, answered and scored (for reading samples)."""
+    def save_rollouts(self, name: str, trajs) -> None:
+        """One jsonl per step (`name`: step_N, eval_step_N) under run_dir/rollouts/: what was asked, answered and
+        scored (for reading samples)."""
         if not self.rollouts_dir:
             return
         self.rollouts_dir.mkdir(parents=True, exist_ok=True)
-        with (self.rollouts_dir / f"step_{step:06d}.jsonl").open("w") as f:
+        with (self.rollouts_dir / f"{name}.jsonl").open("w", encoding="utf-8") as f:
             for t in trajs:
-                row = {
+                f.write(json_line({
                     "uid": t.uid, "domain": t.domain, "prompt": t.prompt_text, "response": t.response_text,
                     "finish_reason": t.finish_reason, "response_tokens": t.num_response_tokens,
                     "reward": t.reward, "parts": t.reward_parts, "error": t.reward_error, "advantage": t.advantage,
-                }
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                }))
 
-    def close(self) -> None:
+    def summary(self) -> dict:
+        """The whole run_dir's metrics.jsonl (resumed parts included) in short: steps, time, per-domain reward at
+        the start and the end, where the outputs are. Also written to run_dir/summary.json."""
+        rows = []
+        for ln in self.path.read_text().splitlines() if self.path.exists() else []:
+            try:
+                rows.append(json.loads(ln))
+            except ValueError:
+                continue
+        out: dict = {"steps": len(rows), "last_step": rows[-1]["step"] if rows else 0,
+                     "seconds_training": round(time.time() - self.started, 1),
+                     "seconds_start_up": round(self.started - self.launched, 1), "reward": {}}
+        domains = sorted({k.split("/")[1] for r in rows for k in r if k.startswith("reward/") and k.count("/") == 2
+                          and k.endswith("/mean")})
+        for name, key in [("all", "reward/mean"), *((d, f"reward/{d}/mean") for d in domains)]:
+            seen = [r[key] for r in rows if r.get(key) is not None]
+            n = max(1, min(3, len(seen) // 2))
+            if seen:
+                out["reward"][name] = {"first": sum(seen[:n]) / n, "last": sum(seen[-n:]) / n, "steps_averaged": n}
+        ckpts = sorted((self.run_dir / "checkpoints").glob("step_*/COMPLETE"))
+        out["outputs"] = {"run_dir": str(self.run_dir), "metrics": str(self.path),
+                          "rollouts": str(self.rollouts_dir) if self.rollouts_dir else None,
+                          "last_checkpoint": str(ckpts[-1].parent / "hf") if ckpts else None,
+                          "log": str(self.run_dir / "train.log")}
+        if self.run is not None:
+            out["outputs"]["wandb"] = str(Path(self.run.dir).parent)
+        return out
+
+    def close(self) -> dict:
+        """Finish the bar and the W&B run (its summary gets this run's summary); returns the summary."""
         if self.bar is not None:
             self.bar.close()
+        summary = self.summary()
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         if self.run is not None:
+            flat = {f"summary/reward/{d}/{k}": v for d, s in summary["reward"].items() for k, v in s.items()
+                    if k != "steps_averaged"}
+            self.run.summary.update({**flat, "summary/steps": summary["steps"]})
             self.run.finish()
+        return summary
+
+
+def format_summary(summary: dict) -> str:
+    """The summary as the few lines printed when a run ends."""
+    lines = [f"done: {summary['steps']} steps (last {summary['last_step']}) in {summary['seconds_training']:.0f} s "
+             f"(+{summary['seconds_start_up']:.0f} s start-up). Mean reward, first -> last steps with samples:"]
+    for d, s in summary["reward"].items():
+        lines.append(f"  {d}: {s['first']:.3f} -> {s['last']:.3f} (over {s['steps_averaged']} steps)")
+    for k, v in summary["outputs"].items():
+        if v:
+            lines.append(f"  {k}: {v}")
+    return "\n".join(lines)

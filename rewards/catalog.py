@@ -1,11 +1,16 @@
 """Every reward name the config can use -> its implementation and parameters (one line per reward).
 
+A user's own reward needs no line here: `name` may be a dotted path to its function (`resolve_reward`).
+
 Defaults for a reward's parameters come from, lowest to highest: the `Param` default here, the `rewards.<name>`
 section of the config (its keys that are parameters of that reward), the part's own keys in
 `domains.<d>.rewards[i]`.
 """
 
 from __future__ import annotations
+
+import importlib
+import math
 
 from .code_reward import code_reward
 from .judge import judge_request
@@ -71,5 +76,25 @@ REWARDS: dict[str, RewardSpec] = {
     "rubric_judge": RewardSpec(judge_request, runner="judge"),
 }
 
-# Names kept for rewards that are planned but not built yet; using one is a construction error that says so.
-RESERVED: dict[str, str] = {}
+
+
+def resolve_reward(name: str) -> RewardSpec:
+    """The spec of a reward name: one of REWARDS, or a user's own reward given as a dotted path to a module-level
+    function (`my_pkg.rewards:score` or `my_pkg.rewards.score`, importable where the reward workers run) with the
+    signature `fn(view: SampleView, params: dict) -> float`. A user's reward runs in the killable process pool with
+    the same per-sample timeout and failure policy as the built-in ones; its part's other keys are its `params`,
+    and any finite float is a valid score. Raises ValueError saying what is wrong."""
+    if name in REWARDS:
+        return REWARDS[name]
+    if "." not in name and ":" not in name:
+        raise ValueError(f"unknown reward '{name}'; known: {sorted(REWARDS)}, or a dotted path to your own function "
+                         "(my_module.my_reward)")
+    module, _, attr = name.partition(":") if ":" in name else name.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except Exception as e:  # noqa: BLE001 - ImportError, AttributeError or an error inside the module
+        raise ValueError(f"reward '{name}': could not import {attr!r} from module {module!r} "
+                         f"({type(e).__name__}: {e})") from None
+    if not callable(fn):
+        raise ValueError(f"reward '{name}': {module}.{attr} is not callable")
+    return RewardSpec(fn, runner="pool", score_range=(-math.inf, math.inf), any_params=True)

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 from rl.config import to_plain
 from rl.trajectory import Trajectory
 
-from .catalog import RESERVED, REWARDS
+from .catalog import REWARDS, resolve_reward
 from .math_reward import warm_up_math
 from .process_pool import KillablePool
 from .judge import judge_config
@@ -80,11 +80,10 @@ def build_domain_parts(domain: str, parts_cfg: Any, rewards_cfg: Mapping, max_ne
         if not isinstance(raw, Mapping) or "name" not in raw:
             raise ValueError(f"{where}: must be a mapping with a 'name' (got {raw!r})")
         name = raw["name"]
-        if name in RESERVED:
-            raise ValueError(f"{where}: reward '{name}' is reserved: {RESERVED[name]}")
-        if name not in REWARDS:
-            raise ValueError(f"{where}: unknown reward '{name}'; known: {sorted(REWARDS)}")
-        spec = REWARDS[name]
+        try:
+            spec = resolve_reward(str(name))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
         weight = raw.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ValueError(f"{where}: 'weight' must be a finite number, got {weight!r}")
@@ -117,6 +116,13 @@ def check_reward_specs(domains_cfg: Mapping[str, Any], rewards_cfg: Mapping, max
     for domain, block in (to_plain(domains_cfg) or {}).items():
         build_domain_parts(domain, block.get("rewards") if isinstance(block, Mapping) else block,
                            dict(to_plain(rewards_cfg) or {}), int(max_new_tokens or 0))
+
+
+def reward_section_keys(name: str) -> set[str] | None:
+    """Keys a `rewards.<name>` config section may hold for the reward `name` (its parameters and `timeout_s`);
+    None when `name` is not a reward."""
+    spec = REWARDS.get(name)
+    return None if spec is None else {*spec.params, "timeout_s"}
 
 
 class RewardComposer:

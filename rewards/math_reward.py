@@ -3,11 +3,56 @@
 Runs in a process of the killable pool (math-verify arms SIGALRM, which only works in a process's main thread,
 and sympy can take unbounded time or memory on hostile input). The pool adds the outer per-sample timeout; the
 inner math-verify timeouts are set below it so a slow sample usually ends cleanly without a pool restart.
+
+math-verify reports its inner timeouts only through `logging` ("Timeout during comparison", "Timeout during
+parsing: <the whole text>") and then returns False / []. A pool worker has no logging configured, so Python's
+last-resort handler printed those bare lines on the console. Its calls here run under `_quiet_math_verify`, which
+collects those records instead; a timeout becomes the sample's reason ("math: math-verify timed out ...").
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 from .registry import RewardZero, SampleView
+
+# Loggers of math-verify and of its LaTeX parser; their records are collected, never printed, under the block below.
+_QUIET_LOGGERS = ("math_verify", "latex2sympy2_extended")
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):  # a record that cannot be formatted is dropped, like any other here
+            self.messages.append(str(record.getMessage())[:200])  # a parse timeout quotes the whole input
+
+
+@contextlib.contextmanager
+def _quiet_math_verify():
+    """Collect math-verify's log records (warnings and above) instead of letting them reach the console; yields
+    the list of messages. Only those two libraries' loggers are touched: our own errors still raise, and other
+    loggers keep their handlers."""
+    collect = _Collect()
+    saved = []
+    for name in _QUIET_LOGGERS:
+        lg = logging.getLogger(name)
+        saved.append((lg, lg.propagate))
+        lg.addHandler(collect)
+        lg.propagate = False
+    try:
+        yield collect.messages
+    finally:
+        for lg, propagate in saved:
+            lg.removeHandler(collect)
+            lg.propagate = propagate
+
+
+def _timed_out(messages: list[str], what: str) -> bool:
+    return any(m.startswith(f"Timeout during {what}") for m in messages)
 
 
 def _parse_gold(gold: str, timeout: int) -> list:
@@ -28,6 +73,11 @@ def _parse_gold(gold: str, timeout: int) -> list:
 
 
 def math_verify_reward(view: SampleView, params: dict) -> float:
+    with _quiet_math_verify() as messages:
+        return _math_verify_reward(view, params, messages)
+
+
+def _math_verify_reward(view: SampleView, params: dict, messages: list[str]) -> float:
     from math_verify import parse, verify
 
     gold = view.sample.get("answer")
@@ -41,15 +91,27 @@ def math_verify_reward(view: SampleView, params: dict) -> float:
     inner = max(1, int(params["inner_timeout_s"]))
     gold_parsed = _parse_gold(str(gold), inner)
     if not gold_parsed:
-        raise ValueError(f"could not parse the reference answer {str(gold)[:80]!r}")
+        why = f" (math-verify timed out after {inner} s)" if _timed_out(messages, "parsing") else ""
+        raise ValueError(f"could not parse the reference answer {str(gold)[:80]!r}{why}")
+    del messages[:]
     pred_parsed = parse(answer, parsing_timeout=inner)
     if not pred_parsed:
+        if _timed_out(messages, "parsing"):
+            raise RewardZero(f"math-verify timed out parsing the answer (inner_timeout_s={inner})")
         raise RewardZero("no parsable final answer")
-    return float(verify(gold_parsed, pred_parsed, timeout_seconds=inner))
+    del messages[:]
+    if verify(gold_parsed, pred_parsed, timeout_seconds=inner):
+        return 1.0
+    # verify() says False both for "different" and for "sympy ran past the timeout" (it only logs the latter);
+    # the score is 0 either way, as before, but a timeout gets a reason.
+    if _timed_out(messages, "comparison"):
+        raise RewardZero(f"math-verify timed out comparing with the reference (inner_timeout_s={inner})")
+    return 0.0
 
 
 def warm_up_math() -> None:
     """Imported/exercised once per pool process so the first real sample does not pay sympy's import time."""
     from math_verify import parse, verify
 
-    verify(parse("$\\boxed{1/2}$"), parse("0.5"))
+    with _quiet_math_verify():
+        verify(parse("$\\boxed{1/2}$"), parse("0.5"))

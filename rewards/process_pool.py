@@ -7,17 +7,25 @@ may hold threads and Ray state). Why the extra machinery:
 - at most `size` tasks are in flight, so a task's clock starts when it actually starts on a worker rather than
   when it was queued behind a stuck one.
 - a task that breaks the pool (segfault, OOM kill) twice is reported as "worker crashed"; others are re-run.
+- the pool's processes die with the process that owns the pool, even when it is SIGKILLed (Linux): see
+  `_die_with_parent`. Without that, a killed Ray actor or CLI run left the forkserver and every worker behind
+  (the workers hold the forkserver's "alive" pipe and their own call queue open, so none of them ever sees EOF).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import ctypes
 import logging
 import multiprocessing as mp
+import multiprocessing.forkserver
 import os
+import queue
 import resource
+import signal
 import sys
+import threading
 import time
 import types
 from collections import deque
@@ -27,8 +35,85 @@ from typing import Any, Callable
 logger = logging.getLogger(__name__)
 
 # Modules the forkserver imports once, so each forked worker starts with them loaded (math-verify + sympy take
-# ~1 s to import; a fork takes milliseconds).
-PRELOAD = ["math_verify", "rewards.math_reward", "rewards.registry"]
+# ~1 s to import; a fork takes milliseconds). This module comes first: importing it in the forkserver ties the
+# forkserver's life to the pool owner's (see the end of this file) before the slow imports.
+PRELOAD = ["rewards.process_pool", "math_verify", "rewards.math_reward", "rewards.registry"]
+
+# Set by the pool owner before it starts the forkserver: the pid the forkserver must see as its parent.
+_OWNER_ENV = "MIXRL_REWARD_POOL_OWNER_PID"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_prctl = None  # libc's prctl once looked up (in the forkserver, so its forked workers inherit it)
+
+
+def _die_with_parent(expected_ppid: int | None) -> None:
+    """Linux: ask the kernel to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG), then exit at
+    once if the parent is already gone (it may have died before the prctl: nothing would ever signal us then).
+    A no-op elsewhere or if prctl is unavailable.
+
+    The death signal fires when the parent *thread* that forked us exits, not only the parent process. Both of our
+    parents are safe with that: a worker's parent is the single-threaded forkserver, and the forkserver is started
+    from `_forkserver_keeper`'s thread, which lives as long as the pool owner's process."""
+    global _prctl
+    if not sys.platform.startswith("linux"):
+        return
+    if _prctl is None:
+        try:
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            _prctl = False
+    if not _prctl or _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return
+    if expected_ppid is not None and os.getppid() != expected_ppid:
+        os._exit(1)
+
+
+def _in_forkserver_preload() -> bool:
+    """True while this module is being imported by the forkserver itself (its preload list), not by a process it
+    forked (a worker imports what was not preloaded inside `main` -> `_serve_one`)."""
+    fs = sys.modules.get("multiprocessing.forkserver")
+    main = getattr(getattr(fs, "main", None), "__code__", None)
+    serve_one = getattr(getattr(fs, "_serve_one", None), "__code__", None)
+    frame = sys._getframe(1)
+    while frame is not None and main is not None:
+        if frame.f_code is serve_one:
+            return False
+        if frame.f_code is main:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_keeper_lock = threading.Lock()
+_keeper: tuple[int, queue.SimpleQueue] | None = None  # (pid that started the thread, its request queue)
+
+
+def _forkserver_keeper(requests: queue.SimpleQueue) -> None:
+    while True:
+        done: cf.Future = requests.get()
+        try:
+            pid = str(os.getpid())
+            if os.environ.get(_OWNER_ENV) != pid:
+                os.environ[_OWNER_ENV] = pid
+            multiprocessing.forkserver.ensure_running()
+            done.set_result(multiprocessing.forkserver._forkserver._forkserver_pid)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            done.set_exception(exc)
+
+
+def _ensure_forkserver() -> int | None:
+    """Start the forkserver if it is not running and return its pid. It is started from a dedicated thread that
+    never exits: the forkserver's death signal fires when the thread that started it exits, and the caller may be a
+    short-lived thread (a Ray actor's method, a helper thread) while the pool lives on."""
+    global _keeper
+    with _keeper_lock:
+        if _keeper is None or _keeper[0] != os.getpid():  # none yet, or inherited through a fork (thread not)
+            requests: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=_forkserver_keeper, args=(requests,), name="reward-pool-forkserver",
+                             daemon=True).start()
+            _keeper = (os.getpid(), requests)
+        done: cf.Future = cf.Future()
+        _keeper[1].put(done)
+    return done.result()
 
 
 @dataclass
@@ -39,7 +124,9 @@ class Outcome:
     expected: bool = False  # the task raised RewardZero: an expected zero, not a failure
 
 
-def _init_worker(memory_mb: int) -> None:
+def _init_worker(memory_mb: int, forkserver_pid: int | None = None) -> None:
+    # Die with the forkserver, our parent (which itself dies with the pool owner).
+    _die_with_parent(forkserver_pid)
     # Cap each worker's address space so one hostile sympy expression cannot take the machine's memory;
     # it gets a MemoryError inside the task instead.
     if memory_mb:
@@ -95,8 +182,10 @@ class KillablePool:
 
     # ---------------------------------------------------------------------------------------------- lifecycle
     def _start(self) -> None:
+        forkserver_pid = _ensure_forkserver()
         self._executor = cf.ProcessPoolExecutor(
-            max_workers=self.size, mp_context=self._ctx, initializer=_init_worker, initargs=(self.memory_mb,)
+            max_workers=self.size, mp_context=self._ctx, initializer=_init_worker,
+            initargs=(self.memory_mb, forkserver_pid),
         )
         # Start every worker now (the executor spawns lazily) so start-up time never counts against a task.
         # Workers are only ever created here (they are not replaced one by one), so hiding the caller's main
@@ -204,3 +293,9 @@ class KillablePool:
                 logger.warning("reward pool: restarting (%d timed out, crashed=%s)", len(expired), broken)
                 self.restart()
         return results  # type: ignore[return-value]
+
+
+# In the forkserver (this module is first in its preload list): die with the pool owner, who set _OWNER_ENV.
+if _in_forkserver_preload():
+    _owner = os.environ.get(_OWNER_ENV, "")
+    _die_with_parent(int(_owner) if _owner.isdigit() else None)

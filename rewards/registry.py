@@ -57,6 +57,7 @@ class RewardSpec:
     score_range: tuple[float, float] = (0.0, 1.0)  # checked on every result; penalties use (-1, 0)
     # Checks between parameters, called with (params, max_new_tokens); raises ValueError.
     cross_check: Callable[[dict, int], None] | None = None
+    any_params: bool = False  # a user's own reward (a dotted path): its part's other keys are passed as they are
 
 
 # Keys every part accepts, handled by the composer rather than the reward.
@@ -70,9 +71,9 @@ def positive(x: Any) -> bool:
 def validate_params(spec: RewardSpec, given: dict, where: str) -> dict:
     """Defaults + type/choice checks. Raises ValueError naming `where` (e.g. `domains.math.rewards[1]`)."""
     unknown = sorted(set(given) - set(spec.params) - COMMON_KEYS)
-    if unknown:
+    if unknown and not spec.any_params:
         raise ValueError(f"{where}: unknown parameter(s) {unknown}; allowed: {sorted(spec.params)}")
-    out = {}
+    out = {key: given[key] for key in unknown}
     for key, p in spec.params.items():
         if key not in given or given[key] is None:
             if p.required:

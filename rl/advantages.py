@@ -18,7 +18,7 @@ def grpo_advantages(
     """Group-relative advantages (GRPO): A_i = R_i - mean_{j in g(i)} R_j, optionally / (std_g + eps).
 
     `group_index[B]` (long) may hold any ids; samples sharing an id form a group. std is the population
-    std (unbiased=False). A group of one sample has A = 0 (its reward equals its own mean).
+    std (unbiased=False). A group of one sample, or of equal rewards, has A = 0 exactly.
     """
     rewards = rewards.detach()
     _, inv = torch.unique(group_index, return_inverse=True)
@@ -26,6 +26,11 @@ def grpo_advantages(
     count = torch.zeros(G, dtype=rewards.dtype, device=rewards.device).index_add_(0, inv, torch.ones_like(rewards))
     mean = torch.zeros(G, dtype=rewards.dtype, device=rewards.device).index_add_(0, inv, rewards) / count
     centered = rewards - mean[inv]
+    # A group whose rewards are all equal carries no signal: exactly 0, not the +-1e-17 its rounded mean leaves
+    # (which OPSM would read as a negative advantage).
+    gmax = torch.full((G,), -torch.inf, dtype=rewards.dtype, device=rewards.device).scatter_reduce(0, inv, rewards, "amax")
+    gmin = torch.full((G,), torch.inf, dtype=rewards.dtype, device=rewards.device).scatter_reduce(0, inv, rewards, "amin")
+    centered = torch.where((gmax == gmin)[inv], torch.zeros_like(centered), centered)
     if not normalize_std:
         return centered
     var = torch.zeros(G, dtype=rewards.dtype, device=rewards.device).index_add_(0, inv, centered.square()) / count

@@ -19,7 +19,7 @@ class ConfigError(ValueError):
     """A config value is wrong; the message starts with the dotted key."""
 
 
-DOMAIN_KEYS = {"weight", "dataset", "kl_coef", "opsm_delta", "rewards"}
+DOMAIN_KEYS = {"weight", "dataset", "eval_dataset", "kl_coef", "opsm_delta", "rewards"}
 DATASET_KEYS = {"path", "name", "split", "columns", "system_prompt", "data_files"}
 ENGINES = {"hf", "vllm", "auto"}
 AUTO_BOOL = {"auto", True, False}
@@ -62,25 +62,34 @@ def validate_domains(domains: Any) -> None:
         unknown = set(d) - DOMAIN_KEYS
         if unknown:
             raise ConfigError(f"{path}.{sorted(unknown)[0]}: unknown key; allowed: {sorted(DOMAIN_KEYS)}")
-        check_number(d, "weight", path, lo=0, lo_open=True)
+        check_number(d, "weight", path, lo=0)  # 0 switches the domain off
         check_number(d, "kl_coef", path, lo=0)
         check_number(d, "opsm_delta", path, lo=0, optional=True)  # absent = null = off
-        ds = d.get("dataset")
-        if not isinstance(ds, Mapping) or not ds.get("path"):
-            raise ConfigError(f"{path}.dataset.path is required (a local file/dir, bundled:<file>, or a hub name)")
-        unknown = set(ds) - DATASET_KEYS
-        if unknown:
-            raise ConfigError(f"{path}.dataset.{sorted(unknown)[0]}: unknown key; allowed: {sorted(DATASET_KEYS)}")
-        cols = ds.get("columns") or {}
-        if not isinstance(cols, Mapping) or "prompt" not in cols:
-            raise ConfigError(f"{path}.dataset.columns must map at least `prompt` to a dataset column")
+        _validate_dataset(d.get("dataset"), f"{path}.dataset")
+        if d.get("eval_dataset") is not None:
+            _validate_dataset(d["eval_dataset"], f"{path}.eval_dataset")
+    if not any(float(d["weight"]) > 0 for d in domains.values()):
+        raise ConfigError("domains.<d>.weight: every domain has weight 0 (switched off); give at least one a weight > 0")
+
+
+def _validate_dataset(ds: Any, path: str) -> None:
+    if not isinstance(ds, Mapping) or not ds.get("path"):
+        raise ConfigError(f"{path}.path is required (a local file/dir, bundled:<file>, or a hub name)")
+    unknown = set(ds) - DATASET_KEYS
+    if unknown:
+        raise ConfigError(f"{path}.{sorted(unknown)[0]}: unknown key; allowed: {sorted(DATASET_KEYS)}")
+    cols = ds.get("columns") or {}
+    if not isinstance(cols, Mapping) or "prompt" not in cols:
+        raise ConfigError(f"{path}.columns must map at least `prompt` to a dataset column")
 
 
 def validate(cfg: Mapping) -> None:
     """Raise ConfigError for the first problem found."""
     validate_domains(cfg.get("domains"))
     r, t, a, data = cfg["rollout"], cfg["trainer"], cfg["algorithm"], cfg["data"]
-    check_number(r, "n_samples", "rollout", lo=1, integer=True)
+    if check_number(r, "n_samples", "rollout", lo=1, integer=True) < 2:
+        raise ConfigError("rollout.n_samples must be >= 2 for GRPO: the advantage is a sample's reward minus its "
+                          "group's mean, so a group of one sample always has advantage 0 and nothing is learned")
     check_choice(r, "engine", "rollout", ENGINES)
     if "capture" in r:
         check_choice(r, "capture", "rollout", {"sampler", "logprobs"})
@@ -108,6 +117,9 @@ def validate(cfg: Mapping) -> None:
     for key in ("keep_sampling_mask", "keep_routing"):
         check_choice(a, key, "algorithm", AUTO_BOOL)
     check_choice(cfg["logger"], "mode", "logger", LOGGER_MODES)
+    if "worker_logs" in cfg["logger"]:
+        check_choice(cfg["logger"], "worker_logs", "logger", {"file", "console"})
+    validate_eval(cfg.get("eval") or {})
     samples = data["prompts_per_step"] * r["n_samples"]
     shards = t["mini_batches"] * t["num_processes"]
     if samples % shards:
@@ -115,6 +127,18 @@ def validate(cfg: Mapping) -> None:
             f"trainer.mini_batches: data.prompts_per_step * rollout.n_samples = {samples} samples per step must "
             f"split evenly into trainer.mini_batches * trainer.num_processes = {shards} shards"
         )
+
+
+def validate_eval(e: Mapping) -> None:
+    """The held-out evaluation block (`eval.*`; `domains.<d>.eval_dataset` says what each domain evaluates on)."""
+    check_number(e, "every", "eval", lo=0, integer=True, optional=True)
+    check_number(e, "n_samples", "eval", lo=1, integer=True, optional=True)
+    check_number(e, "max_prompts", "eval", lo=1, integer=True, optional=True)
+    if check_number(e, "temperature", "eval", lo=0, optional=True) and e["temperature"] < 1e-5:
+        raise ConfigError(f"eval.temperature must be 0 (greedy) or >= 1e-5, got {e['temperature']}")
+    check_number(e, "top_p", "eval", lo=0, lo_open=True, hi=1, optional=True)
+    check_number(e, "top_k", "eval", lo=0, integer=True, optional=True)
+    check_number(e, "pass_threshold", "eval", optional=True)
 
 
 def needs_reference(cfg: Mapping) -> bool:

@@ -27,11 +27,31 @@ def _looks_local(path: str) -> bool:
     return path.startswith(("/", "./", "../", "~")) or Path(path).suffix in FILE_BUILDERS
 
 
-def load_domain_rows(domain: str, ds_cfg: Mapping, required: set[str] = frozenset()) -> list[dict[str, Any]]:
-    """Load one domain's dataset as a list of rows in our field names; errors name the config key."""
+def _check_text_file(path: Path, key: str, builder: str) -> None:
+    """A local text dataset must be UTF-8 and hold at least one row: say so, with the line, before `datasets`
+    fails with a traceback (invalid bytes) or a bare StopIteration (an empty file)."""
+    if builder not in ("json", "csv"):
+        return
+    empty = True
+    with path.open("rb") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"{key}.path={path}: line {n} is not valid UTF-8 ({e.reason} at byte {e.start} of "
+                                  "the line); re-save the file as UTF-8") from None
+            empty = empty and not text.strip()
+    if empty:
+        raise ConfigError(f"{key}.path={path}: the file is empty (no rows)")
+
+
+def load_domain_rows(domain: str, ds_cfg: Mapping, required: set[str] = frozenset(),
+                     which: str = "dataset") -> list[dict[str, Any]]:
+    """Load one domain's dataset (`which`: dataset | eval_dataset) as a list of rows in our field names; errors
+    name the config key."""
     import datasets
 
-    key = f"domains.{domain}.dataset"
+    key = f"domains.{domain}.{which}"
     path = str(ds_cfg["path"])
     split = ds_cfg.get("split") or "train"
     if path.startswith("bundled:"):
@@ -42,6 +62,7 @@ def load_domain_rows(domain: str, ds_cfg: Mapping, required: set[str] = frozense
             builder = FILE_BUILDERS.get(local.suffix)
             if builder is None:
                 raise ConfigError(f"{key}.path={path}: unsupported file type {local.suffix!r} (use {sorted(FILE_BUILDERS)})")
+            _check_text_file(local, key, builder)
             ds = datasets.load_dataset(builder, data_files=str(local), split="train")
         elif local.is_dir():
             ds = datasets.load_dataset(str(local), ds_cfg.get("name"), split=split, data_files=ds_cfg.get("data_files"))
@@ -49,10 +70,15 @@ def load_domain_rows(domain: str, ds_cfg: Mapping, required: set[str] = frozense
             raise ConfigError(f"{key}.path={path}: file not found")
         else:
             ds = datasets.load_dataset(path, ds_cfg.get("name"), split=split, data_files=ds_cfg.get("data_files"))
+        rows_raw = list(ds)  # decoding happens here for some formats: inside the try
     except ConfigError:
         raise
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{key}.path={path}: not valid UTF-8 ({e.reason} at byte {e.start}); re-save the file as "
+                          "UTF-8") from None
     except Exception as e:  # hub/network/format problems: say which domain and what was tried
-        raise ConfigError(f"{key}.path={path}: could not load the dataset ({type(e).__name__}: {e})") from e
+        reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        raise ConfigError(f"{key}.path={path}: could not load the dataset ({type(e).__name__}: {reason})") from None
 
     columns = dict(ds_cfg.get("columns") or {})
     for field in sorted(required - set(columns)):
@@ -62,10 +88,20 @@ def load_domain_rows(domain: str, ds_cfg: Mapping, required: set[str] = frozense
             raise ConfigError(
                 f"{key}.columns.{field}: column {col!r} not in the dataset (columns: {ds.column_names})"
             )
-    rows = [{field: ex[col] for field, col in columns.items()} for ex in ds]
+    rows = [{field: ex[col] for field, col in columns.items()} for ex in rows_raw]
     if not rows:
         raise ConfigError(f"{key}.path={path}: the dataset is empty")
     return rows
+
+
+def render_prompt(tokenizer, system_prompt: str | None, row: Mapping, template_kwargs: Mapping) -> tuple[str, list[int]]:
+    """A dataset row as the policy sees it: the chat template over [system], user, then the assistant's turn."""
+    messages = []
+    if system_prompt:
+        messages.append({"role": "system", "content": system_prompt})
+    messages.append({"role": "user", "content": str(row["prompt"])})
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
+    return text, tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 class PromptMixture:
@@ -97,14 +133,7 @@ class PromptMixture:
         self.skipped_too_long = 0
 
     def render(self, domain: str, row: Mapping) -> tuple[str, list[int]]:
-        messages = []
-        if self.system[domain]:
-            messages.append({"role": "system", "content": self.system[domain]})
-        messages.append({"role": "user", "content": str(row["prompt"])})
-        text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **self.template_kwargs
-        )
-        return text, self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return render_prompt(self.tokenizer, self.system[domain], row, self.template_kwargs)
 
     def _order(self, domain: str, epoch: int) -> np.ndarray:
         cached = self._orders.get(domain)
@@ -156,3 +185,35 @@ class PromptMixture:
         for d, c in state["cursor"].items():
             if d in self.cursor:
                 self.cursor[d] = [int(c[0]), int(c[1])]
+
+
+class EvalPrompts:
+    """Held-out prompts per domain (`domains.<d>.eval_dataset`): the first `max_prompts` rows of each, rendered like
+    training prompts (the eval set's system_prompt, else the training dataset's)."""
+
+    def __init__(self, domains: Mapping[str, Mapping], tokenizer, *, max_prompts: int, max_prompt_tokens: int,
+                 chat_template_kwargs: Mapping | None = None, required_fields: Mapping[str, set[str]] | None = None):
+        self.tokenizer, self.max_prompt_tokens = tokenizer, int(max_prompt_tokens)
+        self.template_kwargs = dict(chat_template_kwargs or {})
+        self.requests: list[dict[str, Any]] = []
+        for d, spec in domains.items():
+            ds = spec.get("eval_dataset")
+            if not ds:
+                continue
+            system = ds.get("system_prompt", spec["dataset"].get("system_prompt"))
+            rows = load_domain_rows(d, ds, set((required_fields or {}).get(d, ())), which="eval_dataset")
+            kept = 0
+            for index, row in enumerate(rows):
+                if kept == int(max_prompts):
+                    break
+                text, ids = render_prompt(tokenizer, system, row, self.template_kwargs)
+                if len(ids) > self.max_prompt_tokens:
+                    log.warning("eval domain %s row %d: prompt longer than data.max_prompt_tokens, skipped", d, index)
+                    continue
+                self.requests.append({"domain": d, "index": index, "prompt_text": text, "prompt_ids": ids,
+                                      "sample": dict(row), "group_id": f"eval-{d}-{index}"})
+                kept += 1
+
+    @property
+    def domains(self) -> list[str]:
+        return sorted({r["domain"] for r in self.requests})

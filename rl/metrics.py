@@ -6,6 +6,7 @@ reduces them with `trainer_metrics`.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -16,10 +17,22 @@ def _mean(xs) -> float:
     return float(np.mean(xs)) if len(xs) else 0.0
 
 
-def rollout_metrics(trajs: list[Trajectory], staleness: int = 0) -> dict[str, float]:
-    """Rewards, lengths and rollout facts of the step's samples; `staleness` = how many weight updates the weights
-    that sampled them are behind the ones being trained (`rollout.max_staleness`)."""
-    m: dict[str, float] = {
+def zero_variance_group_frac(trajs: list[Trajectory]) -> float:
+    """Share of GRPO groups whose scored samples all got the same reward: their advantages are all 0, so they
+    teach nothing (greedy sampling, a constant reward, or a task too easy / too hard for every sample)."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        if not t.reward_failed:
+            groups[t.group_id].append(t.reward)
+    return _mean([max(r) - min(r) <= 1e-12 for r in groups.values()])
+
+
+def rollout_metrics(trajs: list[Trajectory], domain_parts: Mapping[str, list[str]] | None = None,
+                    staleness: int = 0) -> dict[str, float | None]:
+    """Rewards, lengths and rollout facts of the step's samples. `domain_parts` (domain -> reward part labels, from
+    the config) makes every domain's keys appear on every step, null when the step drew no prompt of it;
+    `staleness` = how many weight updates the sampling weights are behind the trained ones."""
+    m: dict[str, float | None] = {
         "reward/mean": _mean([t.reward for t in trajs]),
         "reward/std": float(np.std([t.reward for t in trajs])) if trajs else 0.0,
         "reward/with_reason_frac": _mean([t.reward_error is not None for t in trajs]),  # failures + expected zeros
@@ -29,18 +42,21 @@ def rollout_metrics(trajs: list[Trajectory], staleness: int = 0) -> dict[str, fl
         "response_length/truncated_frac": _mean([t.finish_reason == "length" for t in trajs]),
         "prompt_length/mean": _mean([len(t.prompt_ids) for t in trajs]),
         "advantage/abs_mean": _mean([abs(t.advantage) for t in trajs]),
+        "advantage/zero_variance_group_frac": zero_variance_group_frac(trajs),
         "rollout/kept_set_cut_frac": _mean([t.kept_set_cut > 0 for t in trajs]),
         "rollout/staleness": float(staleness),
     }
     by_domain: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
         by_domain[t.domain].append(t)
-    for d, ts in sorted(by_domain.items()):
-        m[f"reward/{d}/mean"] = _mean([t.reward for t in ts])
-        m[f"response_length/{d}/mean"] = _mean([t.num_response_tokens for t in ts])
+    domain_parts = domain_parts or {}
+    for d in sorted(set(by_domain) | set(domain_parts)):
+        ts = by_domain.get(d, [])
         m[f"samples/{d}"] = float(len(ts))
-        for part in sorted({p for t in ts for p in t.reward_parts}):
-            m[f"reward/{d}/{part}"] = _mean([t.reward_parts.get(part, 0.0) for t in ts])
+        m[f"reward/{d}/mean"] = _mean([t.reward for t in ts]) if ts else None
+        m[f"response_length/{d}/mean"] = _mean([t.num_response_tokens for t in ts]) if ts else None
+        for part in sorted({*domain_parts.get(d, ()), *(p for t in ts for p in t.reward_parts)}):
+            m[f"reward/{d}/{part}"] = _mean([t.reward_parts.get(part, 0.0) for t in ts]) if ts else None
     return m
 
 
@@ -110,3 +126,22 @@ def step_metrics(step: int, times: dict[str, float], generated_tokens: int, skip
         "throughput/rollout_tokens_per_s": generated_tokens / max(times["time/rollout"], 1e-9),
         "data/skipped_long_prompts": skipped_long_prompts,
     }
+
+
+def eval_metrics(trajs: list[Trajectory], k: int, outcome_part: Mapping[str, str], pass_threshold: float) -> dict:
+    """Held-out evaluation of k samples per prompt, per domain: `eval/<d>/mean@k` (mean reward of all samples),
+    `eval/<d>/pass@k` (share of prompts with at least one passing sample) and `eval/<d>/pass@1` (share of passing
+    samples). A sample passes when its domain's outcome part (`outcome_part[d]`, the first reward part) scores at
+    least `pass_threshold`."""
+    groups: dict[str, dict[str, list[Trajectory]]] = defaultdict(lambda: defaultdict(list))
+    for t in trajs:
+        groups[t.domain][t.group_id].append(t)
+    m: dict[str, float] = {}
+    for d, by_prompt in sorted(groups.items()):
+        passed = {g: [t.reward_parts.get(outcome_part[d], 0.0) >= pass_threshold for t in ts]
+                  for g, ts in by_prompt.items()}
+        m[f"eval/{d}/mean@{k}"] = _mean([t.reward for ts in by_prompt.values() for t in ts])
+        m[f"eval/{d}/pass@{k}"] = _mean([any(p) for p in passed.values()])
+        m[f"eval/{d}/pass@1"] = _mean([x for p in passed.values() for x in p])
+        m[f"eval/{d}/prompts"] = float(len(by_prompt))
+    return m

@@ -66,12 +66,15 @@ class RolloutWorker:
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.engine.wake_up(tags)
 
-    def generate(self, requests: list[dict], step: int) -> list[Trajectory]:
-        """requests: {group_id, domain, prompt_ids, prompt_text, sample}; returns n trajectories per request."""
+    def generate(self, requests: list[dict], step: int, overrides: dict | None = None) -> list[Trajectory]:
+        """requests: {group_id, domain, prompt_ids, prompt_text, sample}; returns n trajectories per request.
+        `overrides`: rollout keys (n_samples, temperature, top_p, top_k) for this call only: held-out evaluation,
+        whose samples are never trained on (so no kept sets are recorded for them)."""
         if not requests:
             return []
         seed = (int(self.cfg["seed"]) * 1_000_003 + step * 1009 + self.rank) % (2**63)
-        sp = sampling_params(self.cfg["rollout"], seed, self.record_kept_set)
+        rcfg = {**self.cfg["rollout"], **{k: v for k, v in (overrides or {}).items() if v is not None}}
+        sp = sampling_params(rcfg, seed, self.record_kept_set if overrides is None else False)
         groups = self.engine.generate([r["prompt_ids"] for r in requests], sp)
         out = []
         for req, gens in zip(requests, groups):

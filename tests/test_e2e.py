@@ -19,13 +19,16 @@ REQUIRED = [
 ]
 
 
-def launch(run_dir: Path, *overrides: str, timeout: int = 900) -> list[dict]:
+def launch(run_dir: Path, *overrides: str, timeout: int = 900, outputs: dict | None = None) -> list[dict]:
+    """Run `python -m launch.train`; returns metrics.jsonl's rows (`outputs` gets the process's stdout/stderr)."""
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "launch.train", f"run_dir={run_dir}", "logger.progress_bar=false", *overrides],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
     )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-6000:])
+    if outputs is not None:
+        outputs.update(stdout=proc.stdout, stderr=proc.stderr)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -35,14 +38,29 @@ def rollouts(run_dir: Path, step: int) -> list[dict]:
 
 @pytest.mark.slow
 def test_mixed_rl_embedded_default(tmp_path):
-    rows = launch(tmp_path / "run", "+experiment=mixed_rl")
+    out: dict = {}
+    rows = launch(tmp_path / "run", "+experiment=mixed_rl", outputs=out)
     assert [r["step"] for r in rows] == list(range(1, 13))
     for r in rows:
         for key in REQUIRED:
             assert key in r, key
-        for d in ("math", "code", "logic", "general"):
-            if r.get(f"samples/{d}"):
-                assert f"reward/{d}/mean" in r and f"kl/{d}" in r
+        for d in ("math", "code", "logic", "general"):  # every domain's keys on every step (null without samples)
+            assert f"reward/{d}/mean" in r and f"kl/{d}" in r and f"samples/{d}" in r
+            assert (r[f"reward/{d}/mean"] is None) == (r[f"samples/{d}"] == 0)
+    # held-out eval every 6 steps on math and logic (rl/bundled/eval/)
+    for r in rows:
+        evaluated = r["step"] in (6, 12)
+        assert ("eval/math/pass@4" in r and "eval/logic/mean@4" in r) == evaluated
+        assert (r.get("eval/math/prompts") == 8.0) == evaluated
+    # the end: a summary, the outputs; workers log to train.log, not through the console
+    run = tmp_path / "run"
+    assert "done: 12 steps" in out["stdout"] and "  math: " in out["stdout"] and str(run / "metrics.jsonl") in out["stdout"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 12 and set(summary["reward"]) == {"all", "math", "code", "logic", "general"}
+    log_text = (run / "train.log").read_text()
+    assert "worker pid" in log_text and "scored 0 with a reason" in log_text
+    assert "scored 0 with a reason" not in out["stdout"] + out["stderr"]
+    assert (run / "rollouts" / "eval_step_000012.jsonl").exists() and (run / "config.yaml").exists()
     # math has kl_coef 0 (no reference for it); the others have a KL estimate
     assert all(r["kl/math"] is None for r in rows)
     assert any(r.get("kl/logic") is not None for r in rows)
@@ -69,7 +87,11 @@ def test_resume_continues_at_next_step_with_same_data(tmp_path):
     common = ["+experiment=smoke_learn", "trainer.save_every=2", "rollout.max_new_tokens=6"]
     straight = launch(tmp_path / "a", *common, "trainer.total_steps=4")
     launch(tmp_path / "b", *common, "trainer.total_steps=2")
+    run_id = (tmp_path / "b" / "wandb_run_id").read_text()
     resumed = launch(tmp_path / "b", *common, "trainer.total_steps=4", "trainer.resume=auto")
+    # the resumed run continues the same W&B run (offline runs are named ...-<run id>)
+    assert (tmp_path / "b" / "wandb_run_id").read_text() == run_id
+    assert len(list((tmp_path / "b" / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
     for step in (3, 4):
         a, b = rollouts(tmp_path / "a", step), rollouts(tmp_path / "b", step)
@@ -101,3 +123,28 @@ def test_rollout_overlaps_training_with_a_staleness_bound(tmp_path):
     assert [r["rollout/staleness"] for r in overlap] == [0.0, 1.0, 1.0]
     assert [x["response"] for x in rollouts(tmp_path / "sync", 1)] == [x["response"] for x in rollouts(tmp_path / "overlap", 1)]
     assert [x["prompt"] for x in rollouts(tmp_path / "sync", 3)] == [x["prompt"] for x in rollouts(tmp_path / "overlap", 3)]
+
+
+@pytest.mark.slow
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path):
+    common = ["+experiment=smoke_learn", "trainer.save_every=2", "rollout.max_new_tokens=6", "trainer.keep_checkpoints=0"]
+    launch(tmp_path / "run", *common, "trainer.total_steps=4")
+    optim = next((tmp_path / "run" / "checkpoints" / "step_000004" / "deepspeed").rglob("*optim_states.pt"))
+    optim.write_bytes(optim.read_bytes()[: optim.stat().st_size // 2])  # truncated, as by a crash or a full disk
+    out: dict = {}
+    rows = launch(tmp_path / "run", *common, "trainer.total_steps=5", "trainer.resume=auto", outputs=out)
+    console = out["stdout"] + out["stderr"]
+    assert "skipping checkpoint step_000004" in console and optim.name in console
+    assert "resumed from" in (tmp_path / "run" / "train.log").read_text()
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]  # steps 3-4 redone from step 2's checkpoint
+
+
+@pytest.mark.slow
+def test_greedy_groups_are_reported(tmp_path):
+    out: dict = {}
+    rows = launch(tmp_path / "run", "+experiment=smoke_learn", "trainer.total_steps=2", "rollout.temperature=0",
+                  "rollout.max_new_tokens=4", outputs=out)
+    assert all(r["advantage/zero_variance_group_frac"] == 1.0 and r["loss/pg"] == 0.0 for r in rows)
+    console = out["stdout"] + out["stderr"]
+    assert console.count("rollout.temperature=0 (greedy)") == 1  # at start
+    assert console.count("this step learned nothing") == 1  # once, not every step

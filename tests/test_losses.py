@@ -39,6 +39,13 @@ def test_grpo_advantages_mean_and_std():
     assert adv[5].item() == 0.0 and adv_std[5].item() == 0.0  # group of one
 
 
+def test_grpo_advantages_of_equal_rewards_are_exactly_zero():
+    rewards = t([0.1] * 7 + [0.7] * 3)  # 7 x 0.1 has a rounded mean: 0.1 - mean(...) would be ~1e-17
+    adv = grpo_advantages(rewards, torch.tensor([0] * 7 + [1] * 3))
+    assert torch.equal(adv, torch.zeros(10, dtype=D))
+    assert float((t([0.1] * 7) - t([0.1] * 7).mean()).abs().max()) > 0  # the rounding this guards against
+
+
 def test_grpo_advantages_constant_group_is_zero():
     adv = grpo_advantages(t([1.0, 1.0, 1.0, 0.0]), torch.tensor([0, 0, 0, 1]), normalize_std=True)
     assert torch.equal(adv, torch.zeros(4, dtype=D))

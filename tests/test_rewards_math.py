@@ -1,5 +1,10 @@
 """Math reward through the composer's killable process pool: equivalences, wrong answers, hostile input."""
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
@@ -7,7 +12,15 @@ import psutil
 import pytest
 
 from rewards.compose import RewardComposer
+from rewards.math_reward import math_verify_reward
+from rewards.registry import RewardZero, SampleView
 from rl.trajectory import Trajectory
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# sympy needs far more than 1 s to compare this with 5 (math-verify's own comparison timeout then fires).
+SLOW = "\\boxed{2^{2^{2^{2^{2^{22}}}}} - 3^{3^{3^{3^{33}}}}}"
+# The LaTeX parser needs minutes for this one (math-verify's own parsing timeout fires).
+SLOW_PARSE = "$\\boxed{" + "(" * 300 + "1" + ")" * 300 + "}$"
 
 
 def traj(text, answer, domain="math", n=5, uid="u"):
@@ -85,3 +98,42 @@ def test_stuck_sample_times_out_and_pool_recovers():
             assert not [p for p in before if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("text,reason", [(SLOW, "math-verify timed out comparing with the reference"),
+                                         (SLOW_PARSE, "math-verify timed out parsing the answer")],
+                         ids=["comparison", "parsing"])
+def test_inner_timeout_is_the_reason(text, reason):
+    """math-verify only logs its own timeouts and returns False / []: the sample still scores 0, now with why."""
+    view = SampleView(response=text, answer=text, sample={"answer": "5"}, finish_reason="stop",
+                      num_response_tokens=5, domain="math", max_new_tokens=1024)
+    with pytest.raises(RewardZero, match=reason):
+        math_verify_reward(view, {"max_answer_chars": 4000, "inner_timeout_s": 1})
+
+
+# A fresh process: its forkserver and pool workers write to the stderr captured here.
+SCORE_SLOW = textwrap.dedent("""
+    import json, numpy as np
+    from rewards.compose import RewardComposer
+    from rl.trajectory import Trajectory
+    c = RewardComposer({"math": [{"name": "math", "inner_timeout_s": 1}]},
+                       {"num_workers": 1, "math": {"timeout_s": 30}}, 1024)
+    trajs = [Trajectory(uid=str(i), group_id="g", domain="math", prompt_ids=[1], response_ids=np.zeros(5),
+                        inference_logprobs=np.zeros(5), response_text=text, sample={"answer": ans})
+             for i, (text, ans) in enumerate(%r)]
+    out = c.score(trajs)
+    c.close()
+    print(json.dumps([[t.reward, t.reward_error, t.reward_failed] for t in out]))
+""") % [(SLOW, "5"), ("\\boxed{0.5}", "1/2"), (SLOW_PARSE, "5")]
+
+
+def test_pool_workers_keep_math_verify_noise_off_the_console():
+    proc = subprocess.run([sys.executable, "-c", SCORE_SLOW], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    slow, fine, slow_parse = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert fine[0] == 1.0
+    # Still an ordinary 0 (not a failure), as before, but with the reason; and no raw "Timeout during ..." line.
+    assert slow == [0.0, "math: math-verify timed out comparing with the reference (inner_timeout_s=1)", False]
+    assert slow_parse == [0.0, "math: math-verify timed out parsing the answer (inner_timeout_s=1)", False]
+    assert "Timeout during" not in proc.stderr + proc.stdout, proc.stderr

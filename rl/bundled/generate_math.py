@@ -1,4 +1,5 @@
-"""Regenerates `math.jsonl`: small arithmetic and algebra word problems with exact answers (seeded).
+"""Regenerates `math.jsonl` (training) and `eval/math.jsonl` (held-out: other seed, no question seen in training):
+small arithmetic and algebra word problems with exact answers (seeded).
 
 Run `python rl/bundled/generate_math.py` from the repo root. Answers use forms math-verify understands
 (integers, fractions, decimals), so the math reward can check equivalent forms.
@@ -42,9 +43,16 @@ def problems(rng: random.Random):
 
 
 if __name__ == "__main__":
-    rng = random.Random(20261121)
+    train = list(problems(random.Random(20261121)))
     out = Path(__file__).with_name("math.jsonl")
     with out.open("w") as f:
-        for i, (q, a) in enumerate(problems(rng)):
+        for i, (q, a) in enumerate(train):
             f.write(json.dumps({"id": f"math-{i:04d}", "question": q, "answer": a}) + "\n")
-    print(f"wrote {out}")
+    seen = {q for q, _ in train}
+    held_out = [(q, a) for q, a in dict(problems(random.Random(20261123))).items() if q not in seen]
+    random.Random(0).shuffle(held_out)  # every kind of problem among the first rows
+    out_eval = Path(__file__).parent / "eval" / "math.jsonl"
+    with out_eval.open("w") as f:
+        for i, (q, a) in enumerate(held_out[:64]):
+            f.write(json.dumps({"id": f"math-eval-{i:03d}", "question": q, "answer": a}) + "\n")
+    print(f"wrote {out} and {out_eval}")

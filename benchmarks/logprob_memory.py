@@ -41,7 +41,7 @@ def make_inputs(args, device):
 
 
 def run_chunked(args, hidden, weight, targets, kept_ids, kept_offsets):
-    logp, _ = token_logprobs(
+    logp, *_ = token_logprobs(
         hidden, weight, targets, temperature=args.temperature, kept_ids=kept_ids, kept_offsets=kept_offsets,
         chunk_size=args.chunk_size,
     )

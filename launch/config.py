@@ -155,10 +155,25 @@ def model_is_moe(model_path: str, keep_routing) -> bool:
         raise ConfigError(f"algorithm.keep_routing: {e} (set algorithm.keep_routing=false to train without it)") from e
 
 
+def check_logit_processing(model_path: str) -> None:
+    """Final-logit softcapping (Gemma 2/3 and others) is a non-linear transform after the LM head that the trainer's
+    logprob does not apply: refused, so trainer and engine logprobs never silently differ. Linear scalings (Cohere,
+    Granite) are measured and folded into the temperature by the trainer (trainer/forward.py:logit_scale)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    cap = getattr(text, "final_logit_softcapping", None)
+    if cap:
+        raise ConfigError(f"model.path={model_path}: final_logit_softcapping={cap} ({config.model_type}) is not "
+                          "supported: the trainer's logprobs would differ from the engine's")
+
+
 def prepare(cfg: dict) -> str:
     """Check the config, build or find the model, and fill the `auto` switches; returns the model's path."""
     check_config(cfg)
     check_model_path(str(cfg["model"]["path"]))
     model_path = resolve_model_path(cfg["model"]["path"])
+    check_logit_processing(model_path)
     resolve_auto(cfg, model_is_moe(model_path, cfg["algorithm"]["keep_routing"]))
     return model_path

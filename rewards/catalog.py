@@ -50,6 +50,7 @@ REWARDS: dict[str, RewardSpec] = {
         "max_program_chars": Param(int, 100_000, **_pos),
         "network_namespace": Param(bool, True),
         "sandbox_uid_base": Param(int, 60000, **_pos),
+        "require_os_isolation": Param(bool, False),  # refuse to run code without OS-level isolation
     }),
     "exact_match": RewardSpec(exact_match, params={"max_answer_chars": Param(int, 4000, **_pos)}),
     "format": RewardSpec(format_reward, params={

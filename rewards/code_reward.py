@@ -8,6 +8,8 @@
 Score: `mode: fraction` -> passed units / units; `mode: all` -> 1 only if every unit passed.
 A zero score carries a reason when a guard fired (timeout, CPU/memory/output limit, forbidden operation, killed)
 or there was no code block; wrong output and ordinary exceptions are plain zeros (the program was just wrong).
+A failure the sandbox itself caused ("sandbox_error", e.g. a stdlib module it could not provide) or a sandbox that
+refuses to run without OS-level isolation (`require_os_isolation`) is a part error, whatever the score.
 Runs on the composer's "threads" runner: the untrusted part is a subprocess this module kills itself.
 """
 
@@ -96,6 +98,7 @@ def limits_from_params(params: dict) -> SandboxLimits:
         wall_s=params["wall_s"], cpu_s=params["cpu_s"], memory_mb=params["memory_mb"],
         output_bytes=params["output_bytes"], max_procs=params["max_procs"], netns=params["network_namespace"],
         uid_base=params["sandbox_uid_base"],
+        require_os_isolation=bool(params.get("require_os_isolation", False)),
     )
 
 
@@ -111,6 +114,9 @@ def code_reward(view: SampleView, params: dict) -> float:
     if total == 0:
         raise ValueError("sample has no test cases")
     score = passed / total if params["mode"] == "fraction" else float(passed == total)
+    broken = next((r for r in runs if r.status == "sandbox_error"), None)
+    if broken is not None:  # the sandbox, not the program, failed: the score would be wrong either way
+        raise RuntimeError(f"sandbox_error: {broken.detail}")
     if score == 0.0:
         guard = next((r for r in runs if r.status in GUARD_STATUSES or r.status == "setup_error"), None)
         if guard is not None:

@@ -3,19 +3,28 @@
 Defences, layered because none is complete on its own:
 - wall-clock limit (parent), CPU / address-space / file-size / open-file / process-count rlimits (child);
 - stdout/stderr go to files capped by RLIMIT_FSIZE (no pipe to drain, no deadlock, bounded disk use);
-- a private temp dir as cwd and HOME/TMPDIR, removed afterwards;
-- when running as root: a fresh network namespace, then a drop to an unprivileged uid. Each run takes its own
-  uid from `uid_base + k`, reserved host-wide with a flock, so RLIMIT_NPROC counts only that run's processes,
-  concurrent sandboxes (even of other reward workers) cannot signal each other, and the final sweep can kill
+- a private temp dir (the "box") as cwd and HOME/TMPDIR, removed afterwards: the only place the program may
+  write, and, with the interpreter's stdlib and the allowed packages (numpy), the only place it may read;
+- OS-level isolation where the machine allows it, probed once per process (`probe_isolation`, logged at first
+  use): as root a fresh network namespace, a mount-namespace "jail" (a private root holding only the readable
+  paths, so even a Python under a 0700 /root works after the uid drop) and a drop to an unprivileged uid; Landlock
+  (root or not) restricting every file-system access to the same list, denying TCP and scoping signals / abstract
+  unix sockets. Each run takes its own uid from `uid_base + k`, reserved host-wide with a flock, so RLIMIT_NPROC
+  counts only that run's processes, concurrent sandboxes cannot signal each other, and the final sweep can kill
   every process of that uid, including ones that left the process group;
-- a Python audit hook (no sockets, no process creation, no writes outside the temp dir, no introspection);
+- a Python audit hook as a second layer (the only one where the OS offers nothing: then a warning is logged, or,
+  with `require_os_isolation`, every run raises `SandboxIsolationError` instead);
 - at the end the whole process group is SIGKILLed (start_new_session + killpg), whatever happened.
+A failure the sandbox itself caused (e.g. a stdlib module it could not give the program) has status
+"sandbox_error", so it is reported as such rather than as a wrong program.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
+import logging
 import os
 import random
 import secrets
@@ -24,13 +33,23 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import sandbox_guard
 
+logger = logging.getLogger(__name__)
+
 GUARD = str(Path(sandbox_guard.__file__).resolve())
 SANDBOX_GID = 65534  # nogroup
+# Comma-separated layers to leave out (netns, jail, landlock): for testing the fallbacks; never the uid drop.
+DISABLE_ENV = "MIXRL_SANDBOX_DISABLE"
+LAYERS = ("netns", "jail", "landlock")
+
+
+class SandboxIsolationError(RuntimeError):
+    """OS-level isolation was required (`require_os_isolation`) but is not available on this machine."""
 
 
 @dataclass(frozen=True)
@@ -43,17 +62,23 @@ class SandboxLimits:
     max_files: int = 64
     netns: bool = True
     uid_base: int = 60000
+    # Refuse to run (SandboxIsolationError) unless file-system AND network isolation hold at the OS level.
+    require_os_isolation: bool = False
+    # Third-party packages the program may import (their dirs, and "<name>.libs" next to them, become readable).
+    packages: tuple[str, ...] = ("numpy",)
 
 
 @dataclass
 class RunResult:
     # ok | runtime_error | timeout | cpu_limit | memory | output_limit | forbidden | killed | setup_error
+    # | sandbox_error (the sandbox, not the program, made it fail)
     status: str
     stdout: str = ""
     stderr_tail: str = ""
     exit_code: int | None = None
     passed: set[int] = field(default_factory=set)  # assert mode: indices of the asserts that passed
     detail: str = ""
+    isolation: dict = field(default_factory=dict)  # what the guard set up for this run (its report)
 
 
 class _UidLease:
@@ -108,8 +133,225 @@ def kill_uid_processes(uid: int) -> int:
     return found
 
 
+# ----------------------------------------------------------------------------------------- what may be read
+def _under(path: str, roots) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+@functools.cache
+def host_paths(packages: tuple[str, ...] = ("numpy",)) -> dict:
+    """The paths a sandboxed program may read, as this interpreter names them (plus their real paths):
+    stdlib: the interpreter's stdlib dir(s) (lib-dynload included); hide: site-/dist-packages inside them (may
+    hold anything, this project included); pkg: the allowed packages' dirs (and "<name>.libs"); list: the
+    site-packages dirs (listing only, for the import system); ro: stdlib + system library dirs + a few files
+    (ld.so.cache, localtime, zoneinfo, CPU topology); dev: device nodes."""
+    import importlib.util
+    import sysconfig
+
+    def both(path):
+        out = [os.path.normpath(path)]
+        real = os.path.realpath(path)
+        if real != out[0]:
+            out.append(real)
+        return out
+
+    stdlib = os.path.dirname(os.__file__)
+    stdlib_dirs = both(stdlib)
+    for entry in sys.path:
+        if entry.endswith("lib-dynload") and os.path.isdir(entry) and not _under(entry, stdlib_dirs):
+            stdlib_dirs += both(entry)
+    hide = [os.path.join(d, n) for d in stdlib_dirs for n in ("site-packages", "dist-packages")
+            if os.path.isdir(os.path.join(d, n))]
+    pkg: list[str] = []
+    for name in packages:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            continue
+        locations = list(spec.submodule_search_locations or []) or ([spec.origin] if spec.origin else [])
+        for loc in locations:
+            pkg += both(loc)
+            libs = os.path.join(os.path.dirname(loc), os.path.basename(loc) + ".libs")
+            if os.path.isdir(libs):
+                pkg += both(libs)
+    listing = set()
+    for key in ("purelib", "platlib"):
+        listing.update(both(sysconfig.get_paths()[key]))
+    listing.update(os.path.normpath(e) for e in sys.path if e.endswith(("site-packages", "dist-packages")))
+    syslibs = [p for d in ("/lib", "/lib64", "/lib32", "/libx32", "/usr/lib", "/usr/lib64", "/usr/lib32",
+                           "/usr/libx32") if os.path.isdir(d) for p in both(d)]
+    misc = [p for d in ("/etc/ld.so.cache", "/etc/localtime", "/usr/share/zoneinfo", "/sys/devices/system/cpu")
+            if os.path.exists(d) for p in both(d)]
+    ro = list(dict.fromkeys(stdlib_dirs + syslibs + misc))
+    dev = [d for d in ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random") if os.path.exists(d)]
+    return {"stdlib": stdlib_dirs, "hide": hide, "pkg": list(dict.fromkeys(pkg)), "list": sorted(listing),
+            "ro": ro, "dev": dev}
+
+
+def _disabled_layers() -> tuple[str, ...]:
+    raw = os.environ.get(DISABLE_ENV, "")
+    return tuple(sorted({p.strip() for p in raw.split(",") if p.strip() in LAYERS}))
+
+
+# ------------------------------------------------------------------------------------------------- the probe
+PROBE_PROGRAM = r"""
+import errno, json, os, socket, sys
+cfg = json.loads(sys.stdin.read())
+r = {"uid": os.getuid()}
+def attempt(fn):
+    try:
+        fn()
+        return "allowed"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+def read_outside():
+    with open(cfg["canary"]) as f:
+        f.read()
+def dirfd_create():
+    fd = os.open(cfg["canary_dir"], os.O_RDONLY)
+    try:
+        os.close(os.open("probe-escape", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
+def read_stdlib():
+    with open(cfg["stdlib_file"], "rb") as f:
+        f.read(1)
+def tcp():
+    s = socket.socket()
+    s.settimeout(1.0)
+    try:
+        s.connect(("127.0.0.1", 9))
+    finally:
+        s.close()
+def mem():
+    open("/proc/self/mem", "rb").close()
+r["read_outside"] = attempt(read_outside)
+r["dirfd_create_outside"] = attempt(dirfd_create)
+r["read_stdlib"] = attempt(read_stdlib)
+r["tcp_connect"] = attempt(tcp)
+r["proc_self_mem"] = attempt(mem)
+print(json.dumps(r))
+"""
+
+_probe_lock = threading.Lock()
+_probe_cache: dict[tuple, dict] = {}
+_warned: set[str] = set()
+
+
+def probe_isolation(limits: SandboxLimits | None = None, refresh: bool = False) -> dict:
+    """What isolation the sandbox gets on this machine, found by actually running a probe program in it
+    (cached per process). Keys: os_level (file-system AND network isolated at the OS level), fs_isolated,
+    net_isolated, layers (the guard's report: uid_drop, netns, jail, proc, landlock ABI, interp_ok, errors),
+    checks (what the probe could do from inside: "allowed" or the errno name), description (one line)."""
+    limits = limits or SandboxLimits()
+    key = (limits.uid_base, limits.netns, limits.packages, _disabled_layers())
+    with _probe_lock:
+        if refresh or key not in _probe_cache:
+            _probe_cache[key] = _run_probe(limits)
+        return _probe_cache[key]
+
+
+def _run_probe(limits: SandboxLimits) -> dict:
+    info = {"os_level": False, "fs_isolated": False, "net_isolated": False, "layers": {}, "checks": {},
+            "disabled": list(_disabled_layers())}
+    canary_dir = Path(tempfile.mkdtemp(prefix="mixrl-probe-"))
+    try:
+        os.chmod(canary_dir, 0o1777)  # world-writable like /tmp: only OS-level confinement keeps it out
+        (canary_dir / "canary").write_text("secret")
+        os.chmod(canary_dir / "canary", 0o644)
+        paths = host_paths(tuple(limits.packages))
+        cfg = {"canary": str(canary_dir / "canary"), "canary_dir": str(canary_dir),
+               "stdlib_file": os.path.join(paths["stdlib"][0], "os.py")}
+        probe_limits = SandboxLimits(**{**limits.__dict__, "wall_s": max(limits.wall_s, 10.0),
+                                        "require_os_isolation": False})
+        res = _execute(PROBE_PROGRAM, probe_limits, stdin=json.dumps(cfg), asserts=None, mode="probe")
+        info["layers"] = res.isolation
+        if res.status == "ok":
+            checks = json.loads(res.stdout.strip().splitlines()[-1])
+            info["checks"] = checks
+            escaped = (canary_dir / "probe-escape").exists()
+            info["fs_isolated"] = (checks["read_outside"] != "allowed" and checks["dirfd_create_outside"] != "allowed"
+                                   and not escaped and bool(res.isolation.get("jail") or res.isolation.get("landlock")))
+            info["net_isolated"] = checks["tcp_connect"] not in ("allowed", "ECONNREFUSED", "ETIMEDOUT")
+            info["interp_ok"] = checks["read_stdlib"] == "allowed"
+        else:
+            info["error"] = f"probe run failed: {res.status}: {res.detail or res.stderr_tail[-300:]}"
+        root_ok = res.isolation.get("uid_drop", False) or not res.isolation.get("root", os.geteuid() == 0)
+        info["os_level"] = bool(info["fs_isolated"] and info["net_isolated"] and root_ok)
+    except Exception as exc:  # noqa: BLE001 - a probe failure means "no verified isolation", never a crash
+        info["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        shutil.rmtree(canary_dir, ignore_errors=True)
+    info["description"] = describe_isolation(info)
+    return info
+
+
+def describe_isolation(info: dict) -> str:
+    lay, chk = info.get("layers", {}), info.get("checks", {})
+    parts = []
+    if lay.get("uid_drop"):
+        parts.append("per-run unprivileged uid")
+    elif lay.get("root"):
+        parts.append("NO uid drop")
+    if lay.get("netns"):
+        parts.append("network namespace")
+    if lay.get("jail"):
+        parts.append("mount-namespace jail (private root" + (", own /proc" if lay.get("proc") else "") + ")")
+    if lay.get("landlock"):
+        abi = lay["landlock"]
+        extra = (", TCP denied" if abi >= 4 else "") + (", signals/abstract sockets scoped" if abi >= 6 else "")
+        parts.append(f"Landlock ABI {abi} (file-system allowlist{extra})")
+    errors = lay.get("errors") or {}
+    missing = [f"{k}: {v}" for k, v in errors.items()]
+    if info.get("disabled"):
+        missing.append(f"disabled by {DISABLE_ENV}: {','.join(info['disabled'])}")
+    verified = ", ".join(f"{k}={v}" for k, v in chk.items() if k != "uid")
+    if info.get("os_level"):
+        head = "code sandbox: OS-level isolation"
+    else:
+        head = ("code sandbox: NO complete OS-level isolation (file system "
+                + ("ok" if info.get("fs_isolated") else "NOT isolated") + ", network "
+                + ("ok" if info.get("net_isolated") else "NOT isolated")
+                + "); falling back to the Python-level audit hook for the rest")
+    text = f"{head} [{'; '.join(parts) or 'no OS layer'}] + rlimits + Python audit hook"
+    if info.get("interp_ok") is False or lay.get("interp_ok") is False:
+        text += ("; WARNING: the sandbox uid cannot read the Python installation (no mount namespace): only "
+                 "modules imported beforehand are available, other imports fail as sandbox_error")
+    if verified:
+        text += f"; probe from inside: {verified}"
+    if missing:
+        text += f"; unavailable: {'; '.join(missing)}"
+    if info.get("error"):
+        text += f"; {info['error']}"
+    return text
+
+
+def _ensure_isolation(limits: SandboxLimits) -> dict:
+    info = probe_isolation(limits)
+    tag = info["description"]
+    if tag not in _warned:
+        _warned.add(tag)
+        (logger.info if info["os_level"] else logger.warning)(tag)
+    if limits.require_os_isolation and not info["os_level"]:
+        raise SandboxIsolationError(
+            "require_os_isolation is set but this machine does not give the code sandbox OS-level isolation; "
+            f"refusing to run untrusted code. {tag}")
+    return info
+
+
+# ---------------------------------------------------------------------------------------------- classification
+def _missing_module(err: str) -> str | None:
+    for line in reversed(err.strip().splitlines()):
+        if line.startswith("ModuleNotFoundError: No module named "):
+            return line.split("named ", 1)[1].strip().strip("'\"").split(".")[0]
+    return None
+
+
 def _classify(res: RunResult, rc: int | None, timed_out: bool, out_size: int, limits: SandboxLimits) -> None:
     err = res.stderr_tail
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     if timed_out:
         res.status, res.detail = "timeout", f"wall-clock limit {limits.wall_s:g}s"
     elif rc == sandbox_guard.VIOLATION_EXIT and sandbox_guard.MARKER in err:
@@ -129,33 +371,83 @@ def _classify(res: RunResult, rc: int | None, timed_out: bool, out_size: int, li
         res.status = "cpu_limit" if sig == signal.SIGKILL else "killed"
         res.detail = f"CPU hard limit {limits.cpu_s + 1}s" if sig == signal.SIGKILL else f"killed by {name}"
     elif rc != 0:
-        lines = [ln for ln in err.strip().splitlines() if ln.strip()]
         res.status, res.detail = "runtime_error", (lines[-1][:200] if lines else f"exit code {rc}")
+        _label_sandbox_failure(res, err, lines, limits)
     else:
         res.status = "ok"
 
 
+def _label_sandbox_failure(res: RunResult, err: str, lines: list[str], limits: SandboxLimits) -> None:
+    """A runtime error the sandbox caused (or refused on purpose) gets a status that says so."""
+    last = lines[-1] if lines else ""
+    if sandbox_guard.DENIED in last:
+        res.status, res.detail = "forbidden", last[:200]
+        return
+    name = _missing_module(err)
+    if name is None:
+        if res.isolation.get("interp_ok") is False and (
+                last.startswith("ImportError") or (last.startswith("PermissionError") and any(
+                    f"'{d}/" in last for d in host_paths(tuple(limits.packages))["stdlib"]))):
+            res.status = "sandbox_error"
+            res.detail = f"the sandbox uid cannot read the Python installation ({last[:150]})"
+        return
+    import importlib.util
+
+    try:
+        exists = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        exists = False
+    if not exists:
+        return  # a module that exists nowhere: the program's mistake
+    if name in sys.stdlib_module_names or name in limits.packages:
+        why = ("the sandbox uid cannot read the Python installation and no mount namespace was available"
+               if res.isolation.get("interp_ok") is False else "it is not reachable inside the sandbox")
+        res.status, res.detail = "sandbox_error", f"module {name!r} exists on the host but {why}"
+    else:
+        res.status = "forbidden"
+        res.detail = (f"module {name!r} is not available in the sandbox (third-party packages allowed: "
+                      f"{', '.join(limits.packages) or 'none'})")
+
+
+# ------------------------------------------------------------------------------------------------- running
 def run_program(program: str, limits: SandboxLimits, stdin: str = "", asserts: list[str] | None = None) -> RunResult:
     """Run `program` once. stdio mode (asserts None): `stdin` is its input. assert mode: the program is executed
-    (as module `solution`, so `if __name__ == "__main__"` blocks do not run), then each assert snippet in turn."""
+    (as module `solution`, so `if __name__ == "__main__"` blocks do not run), then each assert snippet in turn.
+    Raises SandboxIsolationError if `limits.require_os_isolation` is set and OS-level isolation is missing."""
+    probe = _ensure_isolation(limits)
+    res = _execute(program, limits, stdin=stdin, asserts=asserts, mode="stdio" if asserts is None else "assert")
+    lay = res.isolation
+    if lay and probe.get("os_level") and not (lay.get("jail") or lay.get("landlock")):
+        msg = f"code sandbox: this run got less isolation than the probe found: {lay}"
+        if msg not in _warned:
+            _warned.add(msg)
+            logger.warning(msg)
+    return res
+
+
+def _execute(program: str, limits: SandboxLimits, stdin: str, asserts: list[str] | None, mode: str) -> RunResult:
     is_root = os.geteuid() == 0
     lease = _UidLease(limits.uid_base) if is_root else None
-    work = Path(tempfile.mkdtemp(prefix="mixrl-sbx-"))  # ours only (0700): stdin/stdout/stderr/result files
-    box = Path(tempfile.mkdtemp(prefix="mixrl-box-"))  # the program's own dir
+    work = Path(tempfile.mkdtemp(prefix="mixrl-sbx-")).resolve()  # ours only (0700): stdin/out/err/result, jail
+    box = Path(tempfile.mkdtemp(prefix="mixrl-box-")).resolve()  # the program's own dir
     proc = None
     try:
         if lease is not None:
             kill_uid_processes(lease.uid)  # leftovers of a holder that died mid-run
             os.chown(box, lease.uid, SANDBOX_GID)
         (box / "solution.py").write_text(program, encoding="utf-8", errors="replace")
+        (work / "jail").mkdir(mode=0o700)
         nonce = secrets.token_hex(16)
         if asserts is not None:
             stdin = json.dumps({"nonce": nonce, "snippets": asserts})
         (work / "stdin").write_text(stdin, encoding="utf-8", errors="replace")
+        os.chmod(work / "stdin", 0o644)  # readable as the sandbox's /dev/stdin (stdio mode)
         spec = {
-            "mode": "stdio" if asserts is None else "assert",
+            "mode": mode,
             "program": str(box / "solution.py"),
             "root": str(box),
+            "jail_dir": str(work / "jail"),
+            "stdin_path": str(work / "stdin"),
             "uid": lease.uid if lease else os.getuid(),
             "gid": SANDBOX_GID if lease else os.getgid(),
             "cpu_s": int(limits.cpu_s),
@@ -165,19 +457,24 @@ def run_program(program: str, limits: SandboxLimits, stdin: str = "", asserts: l
             "max_files": int(limits.max_files),
             "max_procs": int(limits.max_procs),
             "netns": bool(limits.netns),
+            "require": bool(limits.require_os_isolation),
+            "disable": list(_disabled_layers()),
+            "packages": list(limits.packages),
+            "paths": host_paths(tuple(limits.packages)),
         }
         env = {
             "PATH": "/usr/bin:/bin", "HOME": str(box), "TMPDIR": str(box), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
             "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
         }
+        result_fd = os.open(work / "result", os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with open(work / "stdin", "rb") as fin, open(work / "stdout", "w+b") as fout, \
-                open(work / "stderr", "w+b") as ferr, open(work / "result", "w+b") as fres:
-            spec["result_fd"] = fres.fileno()
+                open(work / "stderr", "w+b") as ferr, open(result_fd, "r+b", closefd=True) as fres:
+            spec["result_fd"] = result_fd
             timed_out = False
             try:
                 proc = subprocess.Popen(
                     [sys.executable, "-I", GUARD, json.dumps(spec)], stdin=fin, stdout=fout, stderr=ferr,
-                    cwd=box, env=env, start_new_session=True, pass_fds=(fres.fileno(),), close_fds=True,
+                    cwd=box, env=env, start_new_session=True, pass_fds=(result_fd,), close_fds=True,
                 )
                 proc.wait(timeout=limits.wall_s)
             except subprocess.TimeoutExpired:
@@ -194,13 +491,20 @@ def run_program(program: str, limits: SandboxLimits, stdin: str = "", asserts: l
             ferr.seek(max(0, err_size - 4000))
             stderr_tail = ferr.read().decode("utf-8", errors="replace")
             fres.seek(0)
-            result_lines = fres.read(1 << 20).decode("ascii", errors="replace").splitlines()
+            result = fres.read(sandbox_guard.HEADER_BYTES + sandbox_guard.SLOT_BYTES * (len(asserts or ()) + 1))
         res = RunResult(status="", stdout=stdout, stderr_tail=stderr_tail,
                         exit_code=None if proc is None else proc.returncode)
-        for line in result_lines:
-            parts = line.split()
-            if len(parts) == 3 and parts[0] == "PASS" and parts[2] == nonce and parts[1].isdigit():
-                res.passed.add(int(parts[1]))
+        try:
+            res.isolation = json.loads(result[:sandbox_guard.HEADER_BYTES].split(b"\n", 1)[0] or b"{}")
+        except ValueError:
+            res.isolation = {}
+        for k in range(len(asserts or ())):
+            start = sandbox_guard.HEADER_BYTES + sandbox_guard.SLOT_BYTES * k
+            parts = result[start:start + sandbox_guard.SLOT_BYTES].rstrip(b"\0").decode("ascii", "replace").split()
+            if len(parts) == 3 and parts[0] == "PASS" and parts[1] == str(k) and parts[2] == nonce:
+                res.passed.add(k)
+        if res.exit_code == sandbox_guard.ISOLATION_EXIT:
+            raise SandboxIsolationError(f"code sandbox refused to run: {stderr_tail.strip()[-500:]}")
         _classify(res, res.exit_code, timed_out, out_size, limits)
         return res
     finally:

@@ -47,12 +47,22 @@ def kept_matrix(
     return out
 
 
-def _masked_logits_chunk(hidden, weight, bias, targets, kept_ids, offsets_cpu, temperature, cdt, s, e):
-    """z = (h W^T + b) / T for positions s..e-1 in the compute dtype, -inf outside the kept sets."""
-    z = F.linear(hidden[s:e], weight, bias).to(cdt).div_(temperature)
+def _logits_chunk(hidden, weight, bias, temperature, cdt, s, e):
+    """z = (h W^T + b) / T for positions s..e-1 in the compute dtype."""
+    return F.linear(hidden[s:e], weight, bias).to(cdt).div_(temperature)
+
+
+def _mask_chunk(z, kept_ids, offsets_cpu, targets, s, e):
+    """-inf outside the kept sets of positions s..e-1 (in place); z unchanged without kept sets."""
     if offsets_cpu is not None:
-        z.masked_fill_(kept_matrix(kept_ids, offsets_cpu, targets, s, e, weight.shape[0], invert=True), float("-inf"))
+        z.masked_fill_(kept_matrix(kept_ids, offsets_cpu, targets, s, e, z.shape[1], invert=True), float("-inf"))
     return z
+
+
+def _entropy(z: torch.Tensor) -> torch.Tensor:
+    """-sum p log p of softmax(z) per row (xlogy: 0, not NaN, where p = 0)."""
+    logp = torch.log_softmax(z, dim=-1)
+    return -torch.special.xlogy(logp.exp(), logp.exp()).sum(-1)
 
 
 class _ChunkedTokenLogprobs(torch.autograd.Function):
@@ -70,9 +80,14 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         logp = torch.empty(N, dtype=cdt, device=hidden.device)
         lse = torch.empty(N, dtype=cdt, device=hidden.device)
         entropy = torch.empty(N if with_entropy else 0, dtype=cdt, device=hidden.device)
+        # The full-vocabulary entropy is only different (and only costs a pass) when kept sets restrict the softmax.
+        full_entropy = torch.empty(N if with_entropy and offsets_cpu is not None else 0, dtype=cdt, device=hidden.device)
         for s in range(0, N, chunk_size):
             e = min(s + chunk_size, N)
-            z = _masked_logits_chunk(hidden, weight, bias, targets, kept_ids, offsets_cpu, temperature, cdt, s, e)
+            z = _logits_chunk(hidden, weight, bias, temperature, cdt, s, e)
+            if full_entropy.numel():
+                full_entropy[s:e] = _entropy(z)
+            z = _mask_chunk(z, kept_ids, offsets_cpu, targets, s, e)
             # logsumexp by hand, in place, so the chunk needs one [c, V] buffer instead of two.
             target_z = z.gather(1, targets[s:e, None]).squeeze(1)
             zmax = z.amax(dim=-1)  # finite: the target is always kept
@@ -86,11 +101,11 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             del z
         ctx.save_for_backward(hidden, weight, bias, targets, kept_ids, kept_offsets, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
-        ctx.mark_non_differentiable(entropy)
-        return logp, entropy
+        ctx.mark_non_differentiable(entropy, full_entropy)
+        return logp, entropy, full_entropy
 
     @staticmethod
-    def backward(ctx, grad_logp, _grad_entropy):
+    def backward(ctx, grad_logp, _grad_entropy, _grad_full_entropy):
         hidden, weight, bias, targets, kept_ids, kept_offsets, lse = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         N, V = hidden.shape[0], weight.shape[0]
@@ -103,9 +118,8 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         grad_logp = grad_logp.to(cdt)
         for s in range(0, N, ctx.chunk_size):
             e = min(s + ctx.chunk_size, N)
-            z = _masked_logits_chunk(
-                hidden, weight, bias, targets, kept_ids, offsets_cpu, ctx.temperature, cdt, s, e
-            )
+            z = _mask_chunk(_logits_chunk(hidden, weight, bias, ctx.temperature, cdt, s, e), kept_ids, offsets_cpu,
+                            targets, s, e)
             g = grad_logp[s:e]
             # dz = g * (onehot - p) / T, built in place in the logits buffer (exp(-inf) = 0 off the kept set).
             dz = z.sub_(lse[s:e, None]).exp_().mul_(-(g / ctx.temperature)[:, None])
@@ -140,14 +154,15 @@ def token_logprobs(
     lm_bias: torch.Tensor | None = None,
     chunk_size: int = 1024,
     with_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """log pi_theta(o_t) for each generated position, from its final hidden state, chunked over positions.
 
     hidden [N, H] is already gathered at the generated positions (`TrainBatch.logit_index`), lm_weight [V, H],
     targets [N] the sampled ids. With kept_ids (int32 [M]) / kept_offsets (long [N+1], CSR) the log-softmax is
     over K_t u {o_t} (module docstring); an empty K_t leaves only o_t, so logp_t = 0. Gradients flow to hidden,
-    lm_weight and lm_bias. The returned entropy [N] (with_entropy=True) is of the same (masked or full)
-    distribution and carries no gradient. Outputs are float32 (float64 when the inputs are float64).
+    lm_weight and lm_bias. with_entropy=True also returns, without gradient, the entropy [N] of the distribution the
+    logprob is taken under (the renormalised kept set when there is one) and the full-vocabulary entropy [N] (the
+    same tensor without kept sets). Outputs are float32 (float64 when the inputs are float64).
     """
     if (kept_ids is None) != (kept_offsets is None):
         raise ValueError("kept_ids and kept_offsets go together")
@@ -155,11 +170,13 @@ def token_logprobs(
         raise ValueError(f"kept_offsets has {kept_offsets.shape[0]} entries for {hidden.shape[0]} positions (need N+1)")
     if chunk_size < 1:
         raise ValueError("chunk_size must be >= 1")
-    logp, entropy = _ChunkedTokenLogprobs.apply(
+    logp, entropy, full_entropy = _ChunkedTokenLogprobs.apply(
         hidden, lm_weight, lm_bias, targets.long(), kept_ids, kept_offsets, float(temperature), int(chunk_size),
         bool(with_entropy),
     )
-    return logp, (entropy if with_entropy else None)
+    if not with_entropy:
+        return logp, None, None
+    return logp, entropy, (full_entropy if kept_offsets is not None else entropy)
 
 
 def token_logprobs_from_logits(

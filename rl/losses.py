@@ -20,6 +20,9 @@ import torch
 LOG_RATIO_CLAMP = 20.0
 
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum")
+# An advantage counts as negative for OPSM only below -ADV_TOL: a group mean rounded in float leaves advantages of
+# +-1e-17 on samples whose reward equals the mean, which are not negative.
+ADV_TOL = 1e-9
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -91,13 +94,14 @@ def opsm_keep(
 
         A_i < 0  and  1/|o_i| sum_t log(pi_old(o_t) / pi_theta(o_t)) > delta_i
 
-    (strict inequalities). Computed on detached logprobs: the mask is a constant of the step. Sequences with no
-    generated token are kept, and delta = +inf never masks. Returns bool [B].
+    (strict inequalities; A_i < 0 means below -ADV_TOL, float rounding of the group mean aside). Computed on
+    detached logprobs: the mask is a constant of the step. Sequences with no generated token are kept, and
+    delta = +inf never masks. Returns bool [B].
     """
     B = advantages.shape[0]
     drift = seq_mean((old_logprobs - logprobs).detach(), seq_index, loss_mask, B)
     has_tokens = torch.zeros(B, dtype=loss_mask.dtype, device=loss_mask.device).index_add_(0, seq_index, loss_mask) > 0
-    masked = (advantages < 0) & (drift > delta) & has_tokens
+    masked = (advantages < -ADV_TOL) & (drift > delta) & has_tokens
     return ~masked
 
 
@@ -113,15 +117,15 @@ def aggregate(
     """Reduce per-token values to this micro-batch's share of the mini-batch objective.
 
     seq_mean_token_mean (paper, 1/G sum_i 1/|o_i| sum_t): sum_i seq_mean_i / norm_seqs
-    token_mean:                                          sum_t mask_t x_t / norm_tokens
+    token_mean:                                          sum_t mask_t x_t / max(norm_tokens, 1)
     seq_mean_token_sum:                                  sum_i seq_sum_i / norm_seqs
     The norms count the whole mini-batch (all micro-batches, all ranks) so that the micro-batch losses sum to
     the mini-batch loss under gradient accumulation.
     """
     if aggregation == "seq_mean_token_mean":
         return seq_mean(x, seq_index, mask, B).sum() / norm_seqs
-    if aggregation == "token_mean":
-        return (x * mask.to(x.dtype)).sum() / norm_tokens
+    if aggregation == "token_mean":  # a mini-batch with no loss token (all cut or masked): 0, not 0/0
+        return (x * mask.to(x.dtype)).sum() / max(norm_tokens, 1)
     if aggregation == "seq_mean_token_sum":
         return seq_sum(x, seq_index, mask, B).sum() / norm_seqs
     raise ValueError(f"unknown aggregation {aggregation!r}; expected one of {AGGREGATIONS}")

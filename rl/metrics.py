@@ -43,7 +43,8 @@ def rollout_metrics(trajs: list[Trajectory], domain_parts: Mapping[str, list[str
         "prompt_length/mean": _mean([len(t.prompt_ids) for t in trajs]),
         "advantage/abs_mean": _mean([abs(t.advantage) for t in trajs]),
         "advantage/zero_variance_group_frac": zero_variance_group_frac(trajs),
-        "rollout/kept_set_cut_frac": _mean([t.kept_set_cut > 0 for t in trajs]),
+        # share of response tokens whose kept set the engine could not record completely (left out of the loss)
+        "rollout/kept_set_cut_frac": sum(t.kept_set_cut for t in trajs) / max(sum(t.num_response_tokens for t in trajs), 1),
         "rollout/staleness": float(staleness),
     }
     by_domain: dict[str, list[Trajectory]] = defaultdict(list)
@@ -73,7 +74,10 @@ def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int
         "loss/pg": s["loss/pg"] / mini_batches,
         "loss/kl": s["loss/kl"] / mini_batches,
         "clip_frac": ratio("clip_tokens", "tokens"),
-        "entropy": ratio("entropy_sum", "tokens"),
+        # of the distribution the loss is under (the renormalised kept set with Keep Sampling Mask), and of the
+        # full vocabulary (what verl/slime log as entropy); equal without kept sets
+        "entropy/kept_set": ratio("entropy_sum", "tokens"),
+        "entropy/full_vocab": ratio("full_entropy_sum", "tokens"),
         "mismatch/logprob_abs": ratio("mismatch_abs_sum", "mismatch_tokens"),
         "mismatch/routing_frac": ratio("routing_mismatch", "routing_total"),
         "grad_norm": s["grad_norm"] / max(s["optimizer_steps"], 1),
@@ -87,18 +91,20 @@ def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int
     return m
 
 
-def accumulate_train_stats(sums: dict, batch, logprobs, entropy, stats: dict, routing: tuple[int, int],
+def accumulate_train_stats(sums: dict, batch, out, stats: dict, routing: tuple[int, int],
                            first_minibatch: bool) -> None:
-    """Add one micro-batch to a rank's metric sums. `logprobs` are the trainer's (pi_theta), `stats` come from
-    `rl.losses.grpo_loss`, `routing` is (mismatched, total) route slots from Keep Routing's replay."""
+    """Add one micro-batch to a rank's metric sums. `out` is the trainer's forward (logprobs = pi_theta, and the
+    entropies), `stats` come from the objective, `routing` is (mismatched, total) route slots from Keep Routing."""
     mask = batch.loss_mask
+    logprobs = out.logprobs.detach()
     tokens = float(mask.sum())
     sums["loss/pg"] += float(stats["pg_loss"])
     sums["loss/kl"] += float(stats["kl_loss"])
     sums["clip_tokens"] += float(stats["clip_tok_sum"])
     sums["tokens"] += tokens
-    if entropy is not None:
-        sums["entropy_sum"] += float((entropy * mask).sum())
+    if out.entropy is not None:
+        sums["entropy_sum"] += float((out.entropy * mask).sum())
+        sums["full_entropy_sum"] += float((out.full_entropy * mask).sum())
     if first_minibatch:
         # Same weights on both sides before the first update: the train/inference mismatch.
         diff = (batch.inference_logprobs - logprobs).abs()

@@ -36,7 +36,7 @@ def test_mixed_rl_composes_and_validates():
         ("+domains.math.klcoef=0.1", "domains.math.klcoef"),
         ("domains.math.kl_coef=-0.1", "domains.math.kl_coef"),
         ("domains.code.opsm_delta=-1", "domains.code.opsm_delta"),
-        ("domains.math.weight=0", "domains.math.weight"),
+        ("domains.math.weight=-1", "domains.math.weight"),  # 0 switches a domain off (test_reliability)
         ("rollout.top_p=1.5", "rollout.top_p"),
         ("trainer.mini_batches=3", "trainer.mini_batches"),
         ("algorithm.loss_aggregation=sum", "algorithm.loss_aggregation"),
@@ -175,3 +175,8 @@ def test_unsupported_moe_with_keep_routing_fails_at_start(tmp_path, tiny_moe_pat
             model_is_moe(str(tmp_path), keep_routing)
     assert model_is_moe(str(tmp_path), False) is True
     assert model_is_moe(tiny_moe_path, "auto") is True and model_is_moe(tiny_dense_path, "auto") is False
+
+
+def test_v32_clips_symmetrically_by_default():
+    a = composed()["algorithm"]
+    assert a["clip_eps_low"] == a["clip_eps_high"] == 0.2  # clip-higher (DAPO) is an option, not the default

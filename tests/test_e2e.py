@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = [
-    "step", "reward/mean", "response_length/mean", "loss/pg", "clip_frac", "entropy", "time/rollout",
+    "step", "reward/mean", "response_length/mean", "loss/pg", "clip_frac", "entropy/kept_set", "entropy/full_vocab", "time/rollout",
     "time/reward", "time/ref", "time/train", "time/sync", "throughput/tokens_per_s", "opsm/masked_frac",
     "mismatch/logprob_abs",
 ]

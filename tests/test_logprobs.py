@@ -53,7 +53,7 @@ def _loop_reference(hidden, weight, bias, targets, sets, temperature):
 def test_values_against_loop(masked, chunk_size):
     hidden, weight, _, targets, sets, kept_ids, kept_offsets = _inputs()
     kw = dict(kept_ids=kept_ids, kept_offsets=kept_offsets) if masked else {}
-    logp, ent = token_logprobs(hidden, weight, targets, temperature=0.7, chunk_size=chunk_size, with_entropy=True, **kw)
+    logp, ent, _ = token_logprobs(hidden, weight, targets, temperature=0.7, chunk_size=chunk_size, with_entropy=True, **kw)
     want_logp, want_ent = _loop_reference(hidden, weight, None, targets, sets if masked else None, 0.7)
     assert logp.dtype == D and ent.dtype == D and not ent.requires_grad
     np.testing.assert_allclose(logp.detach().numpy(), want_logp, rtol=1e-10, atol=1e-12)
@@ -64,16 +64,16 @@ def test_values_against_loop(masked, chunk_size):
 
 def test_masked_differs_from_full_and_temperature_matters():
     hidden, weight, _, targets, _, kept_ids, kept_offsets = _inputs()
-    full, _ = token_logprobs(hidden, weight, targets)
-    masked, _ = token_logprobs(hidden, weight, targets, kept_ids=kept_ids, kept_offsets=kept_offsets)
-    hot, _ = token_logprobs(hidden, weight, targets, temperature=2.0)
+    full, *_ = token_logprobs(hidden, weight, targets)
+    masked, *_ = token_logprobs(hidden, weight, targets, kept_ids=kept_ids, kept_offsets=kept_offsets)
+    hot, *_ = token_logprobs(hidden, weight, targets, temperature=2.0)
     assert (masked >= full - 1e-12).all() and (masked > full + 1e-6).any()  # renormalising over fewer ids
     assert not torch.allclose(hot, full)
 
 
 def test_bias_and_from_logits_helper():
     hidden, weight, bias, targets, sets, kept_ids, kept_offsets = _inputs(bias=True)
-    logp, ent = token_logprobs(
+    logp, ent, _ = token_logprobs(
         hidden, weight, targets, lm_bias=bias, temperature=1.3, kept_ids=kept_ids, kept_offsets=kept_offsets,
         chunk_size=6, with_entropy=True,
     )
@@ -91,7 +91,7 @@ def test_gradients_match_naive(masked, with_bias):
     hidden, weight, bias, targets, _, kept_ids, kept_offsets = _inputs(bias=with_bias)
     kw = dict(kept_ids=kept_ids, kept_offsets=kept_offsets) if masked else {}
     coeff = torch.randn(hidden.shape[0], generator=torch.Generator().manual_seed(5), dtype=D)
-    logp, _ = token_logprobs(hidden, weight, targets, lm_bias=bias, temperature=0.8, chunk_size=7, **kw)
+    logp, *_ = token_logprobs(hidden, weight, targets, lm_bias=bias, temperature=0.8, chunk_size=7, **kw)
     params = [hidden, weight] + ([bias] if with_bias else [])
     got = torch.autograd.grad((coeff * logp).sum(), params)
     logits = hidden @ weight.T + (bias if with_bias else 0.0)
@@ -112,10 +112,10 @@ def test_gradcheck_masked():
 def test_empty_input():
     hidden, weight, _, _, _, _, _ = _inputs(N=0)
     targets = torch.zeros(0, dtype=torch.long)
-    logp, ent = token_logprobs(hidden, weight, targets, with_entropy=True)
+    logp, ent, _ = token_logprobs(hidden, weight, targets, with_entropy=True)
     assert logp.shape == (0,) and ent.shape == (0,)
     empty_ids, empty_offsets = torch.zeros(0, dtype=torch.int32), torch.zeros(1, dtype=torch.long)
-    logp_m, _ = token_logprobs(hidden, weight, targets, kept_ids=empty_ids, kept_offsets=empty_offsets)
+    logp_m, *_ = token_logprobs(hidden, weight, targets, kept_ids=empty_ids, kept_offsets=empty_offsets)
     assert logp_m.shape == (0,)
     gh, gw = torch.autograd.grad(logp.sum() + logp_m.sum(), (hidden, weight))
     assert gh.shape == hidden.shape and (gw == 0).all()
@@ -124,9 +124,9 @@ def test_empty_input():
 def test_low_precision_inputs_give_float32_close_to_float64():
     hidden, weight, _, targets, _, kept_ids, kept_offsets = _inputs(N=20, H=16, V=64)
     kw = dict(kept_ids=kept_ids, kept_offsets=kept_offsets, chunk_size=8)
-    ref, _ = token_logprobs(hidden, weight, targets, **kw)
+    ref, *_ = token_logprobs(hidden, weight, targets, **kw)
     h16, w16 = hidden.detach().bfloat16().requires_grad_(), weight.detach().bfloat16().requires_grad_()
-    logp, _ = token_logprobs(h16, w16, targets, **kw)
+    logp, *_ = token_logprobs(h16, w16, targets, **kw)
     assert logp.dtype == torch.float32
     torch.testing.assert_close(logp.double(), ref.detach(), rtol=0, atol=0.3)
     gh, gw = torch.autograd.grad(logp.sum(), (h16, w16))
@@ -139,3 +139,17 @@ def test_bad_mask_arguments():
         token_logprobs(hidden, weight, targets, kept_ids=kept_ids)
     with pytest.raises(ValueError):
         token_logprobs(hidden, weight, targets, kept_ids=kept_ids, kept_offsets=kept_offsets[:-1])
+
+
+def test_full_vocabulary_entropy_beside_the_kept_set_one():
+    hidden, weight, _, targets, _, kept_ids, kept_offsets = _inputs(N=12, H=5, V=17, bias=False)
+    logp, ent, full = token_logprobs(hidden, weight, targets, temperature=0.7, kept_ids=kept_ids,
+                                     kept_offsets=kept_offsets, chunk_size=5, with_entropy=True)
+    logits = (hidden @ weight.T / 0.7).detach()
+    _, want_kept = token_logprobs_from_logits(logits, targets, kept_ids=kept_ids, kept_offsets=kept_offsets)
+    _, want_full = token_logprobs_from_logits(logits, targets)
+    torch.testing.assert_close(ent, want_kept, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(full, want_full, rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(full, ent)
+    _, ent_nomask, full_nomask = token_logprobs(hidden, weight, targets, with_entropy=True)
+    assert full_nomask is ent_nomask  # without kept sets the two are the same distribution

@@ -1,5 +1,6 @@
 """Loop pieces that need no cluster: advantages with failed rewards, resume selection, start-up checks."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -34,17 +35,19 @@ def test_failed_rewards_get_no_advantage_and_no_say_in_the_baseline():
 def _checkpoint(root: Path, step: int) -> Path:
     p = root / "checkpoints" / f"step_{step:06d}"
     p.mkdir(parents=True)
-    (p / "state.json").write_text("{}")
+    (p / "state.json").write_text(json.dumps({"step": step, "data": {"cursor": {}}}))
+    (p / "deepspeed").mkdir()
+    (p / "hf").mkdir()
     (p / "COMPLETE").touch()
     return p
 
 
 def test_resume_selection(tmp_path):
-    assert find_resume(None, tmp_path) is None and find_resume("auto", tmp_path) is None
-    _checkpoint(tmp_path, 2)
+    assert find_resume(None, tmp_path) == [] and find_resume("auto", tmp_path) == []
+    older = _checkpoint(tmp_path, 2)
     newest = _checkpoint(tmp_path, 10)
     (tmp_path / "checkpoints" / "step_000012").mkdir()  # a save that never completed
-    assert find_resume("auto", tmp_path) == newest
+    assert find_resume("auto", tmp_path) == [newest, older]  # newest first, older ones as fallbacks
     with pytest.raises(ConfigError, match=r"trainer\.resume.*already has checkpoints"):
         find_resume(None, tmp_path)  # a fresh run must not overwrite (and later resume into) another run
     with pytest.raises(ConfigError, match=r"trainer\.resume=.*not a complete checkpoint"):

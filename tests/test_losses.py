@@ -308,3 +308,19 @@ def test_all_masked_and_empty_batch_is_zero_and_finite():
 def test_aggregate_rejects_unknown_mode():
     with pytest.raises(ValueError):
         aggregate(t([1.0]), torch.tensor([0]), t([1.0]), 1, "sum", 1, 1)
+
+
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"])
+def test_a_minibatch_without_loss_tokens_gives_zero_loss_and_zero_gradient(aggregation):
+    logprobs = t([-1.0, -2.0, -0.5]).requires_grad_()
+    loss, _ = grpo_loss(logprobs, t([-1.1, -1.9, -0.4]), t([-1.0, -1.0, -1.0]), torch.tensor([0, 0, 1]),
+                        t([0.0, 0.0, 0.0]), t([1.0, -1.0]), t([0.1, 0.1]), t([0.5, 0.5]), eps_low=0.2, eps_high=0.2,
+                        aggregation=aggregation, norm_seqs=2, norm_tokens=0)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(logprobs.grad, torch.zeros(3, dtype=D))
+
+
+def test_opsm_ignores_advantages_that_are_zero_up_to_rounding():
+    lp, old = t([-3.0, -3.0]), t([-1.0, -1.0])  # drift 2 > delta: only the sign of A decides
+    keep = opsm_keep(t([-1e-17, -0.5]), lp, old, torch.tensor([0, 1]), t([1.0, 1.0]), t([0.5, 0.5]))
+    assert keep.tolist() == [True, False]

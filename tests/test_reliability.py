@@ -214,3 +214,41 @@ def test_a_reward_given_as_a_dotted_path_runs_with_the_same_policy():
     assert a.reward_parts["custom_reward_example:contains_keyword"] == 2.5
     assert b.reward_parts["custom_reward_example:contains_keyword"] == -0.5
     assert a.reward_parts["custom_reward_example.hangs"] == 0.0 and "timeout" in a.reward_error and a.reward_failed
+
+
+# ------------------------------------------------------------------------------------ logit processing
+def _tiny(tmp_path, model_type, **extra):
+    from rl.models import build_random_model
+
+    spec = dict(model_type=model_type, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
+                tie_word_embeddings=False, **extra)
+    build_random_model(tmp_path, spec)
+    return str(tmp_path)
+
+
+def test_linear_logit_scaling_is_applied_by_the_trainer(tmp_path):
+    """Granite divides its logits by logits_scaling after the LM head; the trainer's logprob must match the
+    model's own log-softmax (what the engine samples from)."""
+    import torch
+
+    from rl.models import load_causal_lm
+    from rl.trajectory import collate
+    from trainer.forward import forward_logprobs, logit_scale
+
+    model = load_causal_lm(_tiny(tmp_path, "granite", logits_scaling=4.0)).eval()
+    assert logit_scale(model) == pytest.approx(0.25, rel=1e-4)
+    t = Trajectory(uid="a", group_id="g", domain="d", prompt_ids=[3, 4, 5], response_ids=[6, 7, 8],
+                   inference_logprobs=[0.0, 0.0, 0.0])
+    batch = collate([t], pad_id=0)
+    with torch.no_grad():
+        want = torch.log_softmax(model(input_ids=batch.input_ids).logits[0, 2:5].double() / 0.7, -1)
+        got = forward_logprobs(model, batch, temperature=0.7 / logit_scale(model)).logprobs
+    torch.testing.assert_close(got.double(), want.gather(1, torch.tensor([[6], [7], [8]]))[:, 0], atol=1e-5, rtol=0)
+
+
+def test_softcapped_logits_are_refused_at_start(tmp_path):
+    from launch.config import check_logit_processing
+
+    with pytest.raises(ConfigError, match="final_logit_softcapping=30.0"):
+        check_logit_processing(_tiny(tmp_path, "gemma2", final_logit_softcapping=30.0))

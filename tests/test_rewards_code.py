@@ -91,6 +91,11 @@ HOSTILE = {
     "subprocess": ("import os\nos.system('echo hi > /tmp/evil_sandbox_test')", ("forbidden",)),
     "output flood": ("while True:\n    print('x' * 10000)", ("output_limit",)),
     "frame peek": ("import sys\nprint(sys._getframe(1).f_locals)", ("forbidden",)),
+    "dir_fd write": (("import os\nfd = os.open('/tmp', os.O_RDONLY)\n"
+                      "os.close(os.open('evil_sandbox_test3', os.O_CREAT | os.O_WRONLY, dir_fd=fd))"), ("forbidden",)),
+    "dir_fd mkdir": ("import os\nfd = os.open('/tmp', os.O_RDONLY)\nos.mkdir('evil_sandbox_test4', dir_fd=fd)",
+                     ("forbidden",)),
+    "read project data": (f"print(open({str(REPO / 'rl' / 'bundled' / 'code.jsonl')!r}).read())", ("forbidden",)),
 }
 
 
@@ -104,7 +109,8 @@ def test_hostile_program_scores_zero_with_reason(composer, name):
     assert t.reward_error is not None and any(s in t.reward_error for s in statuses), t.reward_error
     assert elapsed < 2 * (LIMITS["wall_s"] + 2), elapsed  # two stdio cases, each bounded by wall_s
     assert not sandbox_leftovers()
-    for path in ("/tmp/evil_sandbox_test", REPO / "evil_sandbox_test", "/tmp/evil_sandbox_test2"):
+    for path in ("/tmp/evil_sandbox_test", REPO / "evil_sandbox_test", "/tmp/evil_sandbox_test2",
+                 "/tmp/evil_sandbox_test3", "/tmp/evil_sandbox_test4"):
         assert not os.path.exists(path)
 
 

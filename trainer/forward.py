@@ -12,6 +12,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from rl.logprobs import token_logprobs
 from rl.trajectory import TrainBatch
@@ -20,7 +21,8 @@ from rl.trajectory import TrainBatch
 @dataclass
 class ForwardOut:
     logprobs: torch.Tensor  # [N]
-    entropy: torch.Tensor | None  # [N], detached
+    entropy: torch.Tensor | None  # [N], detached: of the distribution the logprob is under (the kept set's)
+    full_entropy: torch.Tensor | None = None  # [N], detached: of the full-vocabulary distribution
 
 
 class _NoReplay(nullcontext):
@@ -54,9 +56,11 @@ class PolicyForward(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, batch: TrainBatch, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, batch: TrainBatch, **kwargs) -> tuple:
+        # A plain tuple of tensors: DeepSpeed hooks the module's output tensors (ZeRO-3 gathers the head for the
+        # backward from there), and it does not look inside a dataclass.
         out = forward_logprobs(self.model, batch, **kwargs)
-        return out.logprobs, out.entropy
+        return out.logprobs, out.entropy, out.full_entropy
 
     def register_zero3_external_head(self) -> None:
         import deepspeed
@@ -72,6 +76,28 @@ def split_head(model):
     if body is None or head is None:
         raise ValueError(f"{type(model).__name__} does not expose a decoder body and an output embedding")
     return body, head
+
+
+def logit_scale(model) -> float:
+    """The factor the model applies to its LM head's output before the softmax (Cohere's `logit_scale`, Granite's
+    1/`logits_scaling`, ...), measured on the model itself: the trainer computes logits from the body and the head's
+    weight (`forward_logprobs`), so it divides the temperature by this to match what the engine samples from. A
+    non-linear transform (final-logit softcapping) cannot be folded in: refused here, and by `launch.config` at
+    start from the config."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    knobs = {k: v for k, v in vars(config).items() if "logit" in k and "router" not in k and v not in (None, False, 1, 1.0)}
+    if not knobs:  # families that transform their logits have a config knob for it; measure only those
+        return 1.0
+    body, head = split_head(model)
+    ids = torch.arange(1, 9, device=head.weight.device)[None] % head.weight.shape[0]
+    with torch.no_grad():
+        full = model(input_ids=ids).logits.double()
+        raw = F.linear(body(input_ids=ids).last_hidden_state, head.weight, getattr(head, "bias", None)).double()
+    scale = float((full * raw).sum() / (raw * raw).sum())
+    if (full - scale * raw).abs().max() > 1e-2 * full.abs().max():
+        raise ValueError(f"{type(model).__name__} transforms its logits non-linearly after the LM head ({knobs}): "
+                         "the trainer's logprobs would differ from the engine's")
+    return 1.0 if abs(scale - 1.0) < 1e-4 else scale
 
 
 def forward_logprobs(
@@ -94,5 +120,4 @@ def forward_logprobs(
         chunk_size=chunk_size,
         with_entropy=with_entropy,
     )
-    logp, entropy = token_logprobs(hidden, head.weight, batch.targets, lm_bias=getattr(head, "bias", None), **kwargs)
-    return ForwardOut(logp, entropy)
+    return ForwardOut(*token_logprobs(hidden, head.weight, batch.targets, lm_bias=getattr(head, "bias", None), **kwargs))

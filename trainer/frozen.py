@@ -18,7 +18,7 @@ from rl.config import logprob_temperature
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
 from trainer.dist import pick_device
-from trainer.forward import forward_logprobs, route_replay
+from trainer.forward import forward_logprobs, logit_scale, route_replay
 
 
 class FrozenModel:
@@ -32,6 +32,7 @@ class FrozenModel:
             model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"), self.device
         ).eval()
         self.model.requires_grad_(False)
+        self.temperature = logprob_temperature(cfg["rollout"]) / logit_scale(self.model)
         acfg = cfg["algorithm"]
         self.replay_routes = bool(acfg["keep_routing"]) and bool(acfg["ref_keep_routing"])
 
@@ -51,7 +52,7 @@ class FrozenModel:
                 res = forward_logprobs(
                     self.model,
                     batch,
-                    temperature=logprob_temperature(self.cfg["rollout"]),
+                    temperature=self.temperature,
                     chunk_size=int(tcfg["logprob_chunk_size"]),
                 )
             logp = res.logprobs.float().cpu().numpy()

@@ -22,7 +22,7 @@ from rl.metrics import accumulate_train_stats
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
 from trainer.dist import free_port, init_process_group_env, node_address, pick_device
-from trainer.forward import PolicyForward, route_replay
+from trainer.forward import ForwardOut, PolicyForward, logit_scale, route_replay
 from trainer.objectives import OBJECTIVES
 
 
@@ -82,6 +82,8 @@ class PolicyTrainer:
         deepspeed.init_distributed(dist_backend="gloo" if self.device == "cpu" else "nccl")
         self.tokenizer = load_tokenizer(model_path)
         model = load_causal_lm(model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"))
+        # the engine samples from the model's own logits; the trainer's come from the head's weight (forward.py)
+        scale = logit_scale(model)  # before ZeRO-3 partitions the weights
         self.keep_routing = bool(acfg["keep_routing"])
         if self.keep_routing:
             from rl.routing import moe_layers
@@ -100,7 +102,7 @@ class PolicyTrainer:
         if self.zero_stage == 3:
             self.engine.module.register_zero3_external_head()
         self.objective = OBJECTIVES[str(acfg.get("objective", "grpo"))]
-        self.temperature = logprob_temperature(cfg["rollout"])
+        self.temperature = logprob_temperature(cfg["rollout"]) / scale
         self.chunk_size = int(tcfg["logprob_chunk_size"])
 
     def ready(self) -> int:
@@ -118,14 +120,13 @@ class PolicyTrainer:
             for chunk in micro:
                 batch = collate(chunk, self.tokenizer.pad_token_id).to(self.engine.device)
                 with route_replay(self.model, batch, self.keep_routing) as replay:
-                    logprobs, entropy = self.engine(batch, temperature=self.temperature, chunk_size=self.chunk_size,
-                                                    with_entropy=True)
-                    loss, stats = self.objective(logprobs, batch, self.cfg["algorithm"], norm)
+                    out = ForwardOut(*self.engine(batch, temperature=self.temperature, chunk_size=self.chunk_size,
+                                                  with_entropy=True))
+                    loss, stats = self.objective(out.logprobs, batch, self.cfg["algorithm"], norm)
                     self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
                 self.engine.step()
                 routing = (int(replay.mismatch_count), int(replay.total_count))
-                accumulate_train_stats(sums, batch, logprobs.detach(), entropy, stats, routing,
-                                       first_minibatch=mb_index == 0)
+                accumulate_train_stats(sums, batch, out, stats, routing, first_minibatch=mb_index == 0)
             sums["grad_norm"] += float(self.engine.get_global_grad_norm() or 0.0)
             sums["optimizer_steps"] += 1
         sums["lr"] = float(self.engine.get_lr()[0])

@@ -1,7 +1,7 @@
 """Rewards: rule-based outcome rewards, length penalty, language consistency, per-domain composition.
 
-Public entry points: `RewardComposer` (rewards.compose), `RewardWorker` (rewards.worker), the registry
-`REWARDS` (rewards.catalog) and the CLI `python -m rewards score IN.jsonl --out OUT.jsonl`.
+Public entry points: `RewardComposer` (rewards.compose), `RewardWorker` (rewards.worker) and the registry
+`REWARDS` (rewards.registry); the scoring CLI is `python -m launch.score IN.jsonl --out OUT.jsonl`.
 Imports are lazy so `import rewards` stays cheap in processes that only need one piece.
 """
 
@@ -18,7 +18,7 @@ def __getattr__(name):
 
         return RewardWorker
     if name == "REWARDS":
-        from .catalog import REWARDS
+        from .registry import REWARDS
 
         return REWARDS
     raise AttributeError(name)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import time
 
-from .registry import RewardZero, SampleView
+from .spec import RewardZero, SampleView
 from .sandbox import RunResult, SandboxLimits, run_program
 from .text import last_python_block
 

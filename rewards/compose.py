@@ -29,11 +29,11 @@ from typing import Any, Mapping
 from rl.config import to_plain
 from rl.trajectory import Trajectory
 
-from .catalog import REWARDS, resolve_reward
+from .registry import REWARDS, resolve_reward
 from .math_reward import warm_up_math
 from .process_pool import KillablePool
 from .judge import judge_config
-from .registry import RewardSpec, RewardZero, SampleView, validate_params
+from .spec import RewardSpec, RewardZero, SampleView, validate_params
 from .text import answer_part, sanitize
 
 logger = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .registry import RewardZero, SampleView
+from .spec import RewardZero, SampleView
 from .text import answer_part, sanitize
 
 logger = logging.getLogger(__name__)

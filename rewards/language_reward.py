@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 
-from .registry import SampleView
+from .spec import SampleView
 from .text import remove_fenced_blocks
 
 _SENTENCE_ENDS = ".!?。！？;；\n"

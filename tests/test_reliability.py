@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from launch.checkpoint import RunError, find_resume, save_checkpoint

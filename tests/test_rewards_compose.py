@@ -6,9 +6,9 @@ import numpy as np
 import psutil
 import pytest
 
-from rewards import catalog
+from rewards import registry
 from rewards.compose import RewardComposer
-from rewards.registry import RewardSpec
+from rewards.spec import RewardSpec
 from rewards.worker import RewardWorker
 from rl.trajectory import Trajectory
 
@@ -28,9 +28,9 @@ def _nan(view, params):
 
 @pytest.fixture
 def extra_rewards(monkeypatch):
-    monkeypatch.setitem(catalog.REWARDS, "hang", RewardSpec(_hang, runner="pool"))
-    monkeypatch.setitem(catalog.REWARDS, "boom", RewardSpec(_boom))
-    monkeypatch.setitem(catalog.REWARDS, "nan", RewardSpec(_nan))
+    monkeypatch.setitem(registry.REWARDS, "hang", RewardSpec(_hang, runner="pool"))
+    monkeypatch.setitem(registry.REWARDS, "boom", RewardSpec(_boom))
+    monkeypatch.setitem(registry.REWARDS, "nan", RewardSpec(_nan))
 
 
 def traj(text, domain="logic", sample=None, n=10, finish="stop", uid="u"):

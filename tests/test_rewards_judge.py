@@ -7,7 +7,7 @@ import pytest
 
 from rewards.compose import RewardComposer
 from rewards.judge import expected_scores, judge_request, parse_score
-from rewards.registry import RewardZero, SampleView
+from rewards.spec import RewardZero, SampleView
 from rl.trajectory import Trajectory
 from rollout.judge_worker import JudgeWorker, judge_from_engine
 

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from rewards.language_reward import language_consistency, prose_only, segments
-from rewards.registry import SampleView
+from rewards.spec import SampleView
 from rewards.text import answer_part, sanitize
 
 P = {"model": "lite", "min_detect_chars": 12, "max_segments": 2000}

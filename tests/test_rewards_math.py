@@ -13,7 +13,7 @@ import pytest
 
 from rewards.compose import RewardComposer
 from rewards.math_reward import math_verify_reward
-from rewards.registry import RewardZero, SampleView
+from rewards.spec import RewardZero, SampleView
 from rl.trajectory import Trajectory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from rewards.registry import RewardZero, SampleView
+from rewards.spec import RewardZero, SampleView
 from rewards.rule_rewards import char_fraction, exact_match, format_reward, length_penalty, pick_short_answer
 from rewards.text import answer_part, last_boxed, last_python_block, sanitize
 

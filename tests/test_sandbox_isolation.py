@@ -12,10 +12,10 @@ import numpy as np
 import psutil
 import pytest
 
-from rewards import sandbox, sandbox_guard
+from rewards import sandbox, sandbox_os
 from rewards.code_reward import code_reward
 from rewards.compose import RewardComposer
-from rewards.registry import SampleView
+from rewards.spec import SampleView
 from rewards.sandbox import (
     SandboxIsolationError,
     SandboxLimits,
@@ -264,7 +264,7 @@ def test_correct_programs_pass(composer, isolation, name):
 @pytest.mark.skipif(not IS_ROOT, reason="the uid drop only happens as root")
 def test_failure_caused_by_the_sandbox_is_labelled(fresh_probe, monkeypatch, composer):
     stdlib = sandbox.host_paths(("numpy",))["stdlib"][0]
-    if sandbox_guard.others_can_reach(stdlib):
+    if sandbox_os.others_can_reach(stdlib):
         pytest.skip("the interpreter is readable by any uid here: nothing for the sandbox to break")
     # Without the mount namespace the sandbox uid cannot read a Python under a 0700 directory: a stdlib module
     # that was not imported beforehand is then missing because of the sandbox, and the result says so.

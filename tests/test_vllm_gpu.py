@@ -197,7 +197,7 @@ def _mean_abs(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 def test_b_sync_after_step(setup):
     import ray
 
-    kind, worker, trainer, sync, trajs = setup["kind"], setup["worker"], setup["trainer"], setup["sync"], setup["trajs"]
+    worker, trainer, sync, trajs = setup["worker"], setup["trainer"], setup["sync"], setup["trajs"]
     prompts = [t.prompt_ids.tolist() for t in trajs[:4]]
     conts = [t.response_ids[:32].tolist() for t in trajs[:4]]
     old_v = ray.get(worker.continuation_logprobs.remote(prompts, conts))

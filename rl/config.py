@@ -114,6 +114,9 @@ def validate(cfg: Mapping) -> None:
     check_number(a, "clip_eps_low", "algorithm", lo=0, hi=1)
     check_number(a, "clip_eps_high", "algorithm", lo=0)
     check_choice(a, "loss_aggregation", "algorithm", set(AGGREGATIONS))
+    if "old_logprobs" in a:
+        check_choice(a, "old_logprobs", "algorithm", {"inference", "trainer"})
+    check_number(a, "tis_cap", "algorithm", lo=1, optional=True)
     for key in ("keep_sampling_mask", "keep_routing"):
         check_choice(a, key, "algorithm", AUTO_BOOL)
     check_choice(cfg["logger"], "mode", "logger", LOGGER_MODES)

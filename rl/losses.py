@@ -131,6 +131,16 @@ def aggregate(
     raise ValueError(f"unknown aggregation {aggregation!r}; expected one of {AGGREGATIONS}")
 
 
+def truncated_is_weight(old_logprobs: torch.Tensor, inference_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling (TIS) for samples drawn by an inference engine while pi_old is the trainer's
+    recomputation of the same policy:
+
+        w_t = min(pi_old(o_t) / pi_inference(o_t), cap),
+
+    which corrects the policy gradient for the engine/trainer mismatch and bounds its variance. Detached."""
+    return torch.exp((old_logprobs - inference_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).clamp(max=cap).detach()
+
+
 def grpo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -147,14 +157,17 @@ def grpo_loss(
     aggregation: str = "seq_mean_token_mean",
     norm_seqs: int,
     norm_tokens: int,
+    is_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO loss of one micro-batch with OPSM and a per-sample KL strength:
 
-        L = agg_{i,t}[ M_i * pg_{i,t} + beta_i * D_{i,t} ],
+        L = agg_{i,t}[ M_i * w_t * pg_{i,t} + beta_i * D_{i,t} ],
 
     pg = clipped surrogate (`clipped_pg_loss`), M_i = `opsm_keep` (applies to the PG term only, never to the KL),
-    D = `unbiased_k3_kl` (or plain `k3_kl` when unbiased_kl=False), beta_i = kl_coef[i], agg = `aggregate`.
-    ref_logprobs=None means no reference model was run; then every kl_coef must be 0.
+    D = `unbiased_k3_kl` (or plain `k3_kl` when unbiased_kl=False), beta_i = kl_coef[i], agg = `aggregate`,
+    w_t = `is_weight` (a constant per token, 1 when None): the truncated importance weight pi_old/pi_inference when
+    pi_old is recomputed by the trainer (`truncated_is_weight`). ref_logprobs=None means no reference model was run;
+    then every kl_coef must be 0.
 
     Returns (loss, stats); stats are detached: pg_loss / kl_loss (aggregated like the loss, kl_loss includes
     beta, so loss = pg_loss + kl_loss), kl_seq[B] (per-sample mean KL estimate, without beta), opsm_keep[B],
@@ -165,6 +178,8 @@ def grpo_loss(
     pg_tok, clip_tok = clipped_pg_loss(logprobs, old_logprobs, advantages[seq_index].to(logprobs.dtype), eps_low, eps_high)
     keep = opsm_keep(advantages, logprobs, old_logprobs, seq_index, mask, opsm_delta)
     pg_tok = pg_tok * keep[seq_index].to(pg_tok.dtype)
+    if is_weight is not None:
+        pg_tok = pg_tok * is_weight.detach().to(pg_tok.dtype)
 
     if ref_logprobs is None:
         if bool((kl_coef != 0).any()):

@@ -81,6 +81,10 @@ def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int
         "mismatch/logprob_abs": ratio("mismatch_abs_sum", "mismatch_tokens"),
         "mismatch/routing_frac": ratio("routing_mismatch", "routing_total"),
         "grad_norm": s["grad_norm"] / max(s["optimizer_steps"], 1),
+        # algorithm.old_logprobs=trainer: the mean truncated importance weight pi_old/pi_inference and the share of
+        # tokens at the cap (null otherwise)
+        "tis/weight_mean": ratio("is_weight_sum", "tokens") if "is_weight_sum" in s else None,
+        "tis/clip_frac": ratio("is_clip_sum", "tokens") if "is_weight_sum" in s else None,
         "lr": s["lr"] / n_ranks,
         "opsm/masked_frac": sum(s[f"opsm_masked/{d}"] for d in domains) / max(sum(s[f"seqs/{d}"] for d in domains), 1),
     }
@@ -112,6 +116,9 @@ def accumulate_train_stats(sums: dict, batch, out, stats: dict, routing: tuple[i
         sums["mismatch_tokens"] += tokens
         sums["routing_mismatch"] += routing[0]
         sums["routing_total"] += routing[1]
+    if "is_weight_sum" in stats:  # pi_old recomputed by the trainer: truncated importance weights
+        sums["is_weight_sum"] += float(stats["is_weight_sum"])
+        sums["is_clip_sum"] += float(stats["is_clip_sum"])
     keep = stats["opsm_keep"]
     has_ref = batch.kl_coef > 0
     for i, domain in enumerate(batch.domains):

@@ -121,6 +121,9 @@ class TrainBatch:
     num_seqs: int
     domains: list[str]
     ref_logprobs: torch.Tensor | None = None  # float [N]; reference logprobs (0 for samples with kl_coef == 0)
+    # float [N]; pi_old recomputed by the trainer before its first update (algorithm.old_logprobs=trainer), else
+    # None: pi_old is the engine's inference_logprobs
+    old_logprobs: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> "TrainBatch":
         for name, value in vars(self).items():

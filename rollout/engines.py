@@ -60,6 +60,8 @@ def make_engine(rcfg: dict, model_cfg: dict, model_path: str, record_routes: boo
             per_request_seed=bool(rcfg.get("per_request_seed", False)),
             capture=str(rcfg.get("capture", "sampler")),
             extra_args=dict(rcfg.get("engine_args") or {}),
+            kept_set_buffer_mb=float(rcfg.get("kept_set_buffer_mb") or 256),
+            fp32_lm_head=bool(model_cfg.get("fp32_lm_head", False)),
         )
     if engine == "hf":
         from rollout.hf_engine import HFEngine

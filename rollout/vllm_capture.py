@@ -7,9 +7,11 @@ IPC and the front-end's per-position Python bookkeeping. Here the sampler's own 
 ([rows, vocab], -inf outside the top-k/top-p kept set) is reduced on the GPU, in one fused pass per row
 (rollout/kept_set.py), to what training needs:
 - the sampled token's processed logprob (one float per row),
-- the kept set: the ids whose value is finite (up to K of them, with the exact count, so a cut set is known),
-  stored compacted (CSR) - a peaked distribution keeps a handful of ids, not K,
-and moved to the CPU every `FLUSH_EVERY` steps. Generation requests vLLM no logprobs at all.
+- the kept set, complete: the ids whose value is finite, the first K inline and the rest of a larger set in a GPU
+  overflow buffer (rollout/kept_set.py), stored compacted (CSR) - a peaked distribution keeps a handful of ids,
+  a flat one thousands, and either costs memory in proportion,
+and moved to the CPU every `FLUSH_EVERY` steps. Generation requests vLLM no logprobs at all. Only an overflow
+buffer that fills up between two flushes leaves sets incomplete; those positions are flagged (`cut`).
 
 Rows are tied to completions by vLLM's internal request id and the sampled token's sequence index, so
 chunked-prefill rows (discarded by vLLM), extra rows sampled past a finished request (async scheduling) and rows
@@ -28,7 +30,7 @@ import re
 import numpy as np
 import torch
 
-from rollout.kept_set import reduce_rows
+from rollout.kept_set import OverflowBuffer, complete_sets, reduce_rows
 
 FLUSH_EVERY = 64  # steps between GPU -> CPU moves (each one synchronises once)
 _RAND_SUFFIX = re.compile(r"-[0-9a-f]{8}$")  # vLLM appends "-<8 hex>" to every request id it is given
@@ -54,6 +56,8 @@ class SamplerCapture:
         self.active = False
         self.error: str | None = None
         self.num_ids = 0
+        self.overflow: OverflowBuffer | None = None
+        self.overflow_ids = 0
         self._reset()
         sampler = runner.sampler
         original = sampler.sample
@@ -78,9 +82,12 @@ class SamplerCapture:
         self._meta: list[tuple[list, np.ndarray | torch.Tensor, np.ndarray | None, np.ndarray]] = []
         self._cpu: list[dict] = []
 
-    def start(self, num_ids: int) -> None:
+    def start(self, num_ids: int, overflow_ids: int = 0) -> None:
+        """Record rows from now on: `num_ids` kept ids per row inline, the rest of larger sets in a GPU overflow
+        buffer of `overflow_ids` ids (allocated once, at the first start that needs it)."""
         self._reset()
         self.num_ids = int(num_ids)
+        self.overflow_ids = int(overflow_ids) if self.num_ids > 0 else 0
         self.error = None
         self.active = True
 
@@ -112,8 +119,11 @@ class SamplerCapture:
 
     def _record(self, sampled, processed, logits: bool, req_ids, index, floor, keep) -> None:
         """processed: logprobs, or logits (any per-row offset); both -inf outside the kept set."""
-        lp, ids, total = reduce_rows(processed, sampled, self.num_ids, logits)
-        self._gpu.append((sampled.reshape(-1).to(torch.int32), lp, ids, total))
+        if self.overflow_ids and (self.overflow is None or self.overflow.capacity != self.overflow_ids):
+            self.overflow = OverflowBuffer(self.overflow_ids, processed.device)  # once, beside the sampler's rows
+        lp, ids, total, base = reduce_rows(processed, sampled, self.num_ids, logits,
+                                           self.overflow if self.overflow_ids else None)
+        self._gpu.append((sampled.reshape(-1).to(torch.int32), lp, ids, total, base))
         self._meta.append((req_ids, index, floor, keep))
         if len(self._gpu) >= FLUSH_EVERY:
             self.flush()
@@ -127,9 +137,13 @@ class SamplerCapture:
         if self._gpu[0][2] is not None:
             ids = torch.cat([g[2] for g in self._gpu])
             valid = ids >= 0
-            chunk["count"] = valid.sum(1, dtype=torch.int32).cpu().numpy()
-            chunk["flat"] = ids[valid].cpu().numpy()  # kept ids are a prefix of each row: row order is kept
-            chunk["total"] = torch.cat([g[3] for g in self._gpu]).cpu().numpy()
+            total = torch.cat([g[3] for g in self._gpu]).cpu().numpy()
+            base = torch.cat([g[4] for g in self._gpu]).cpu().numpy()
+            overflow, _ = self.overflow.drain() if self.overflow_ids else (np.zeros(0, np.int32), 0)
+            # whole kept sets: the inline ids (a prefix of each row, row order kept) + the rest of the larger ones
+            chunk["flat"], chunk["count"] = complete_sets(ids[valid].cpu().numpy(), valid.sum(1).cpu().numpy(),
+                                                          total, base, overflow, self.num_ids)
+            chunk["total"] = total
         index = [m[1] for m in self._meta]  # V1: numpy per step; V2: GPU tensors, read back in one copy
         index = torch.cat(index).cpu().numpy() if self.v2 else np.concatenate(index)
         keep = np.concatenate([m[3] for m in self._meta])
@@ -191,7 +205,7 @@ def completion_key(external_id: str, index: int, n: int) -> str:
 
 def assemble(data: dict, completions: list[tuple[str, int, np.ndarray]], num_ids: int) -> list[dict]:
     """Rows -> per completion (key, prompt length P, output token ids): sampled logprobs, kept-set CSR and cut flags
-    (a position whose kept set has more than `num_ids` ids: only the first `num_ids` were stored).
+    (a position whose kept set could not be stored whole: `count` below `total`, the overflow buffer was full).
 
     The row for output token t is the last one recorded for (key, index P + t). Raises when a token has no row
     or the recorded sampled id differs from vLLM's output (the capture would be out of step with the sample).
@@ -236,7 +250,7 @@ def assemble(data: dict, completions: list[tuple[str, int, np.ndarray]], num_ids
             starts = row_start[rows]
             gather = np.repeat(starts - offsets[:-1], counts) + np.arange(offsets[-1])
             result.update(kept_ids=data["flat"][gather].astype(np.int32), kept_offsets=offsets,
-                          cut=data["total"][rows] > num_ids)  # more kept ids than were stored
+                          cut=counts < data["total"][rows])  # fewer ids stored than kept: the buffer was full
         out.append(result)
     return out
 
@@ -271,10 +285,10 @@ def install_rpc(worker) -> str | None:
     return None
 
 
-def start_rpc(worker, num_ids: int) -> None:
+def start_rpc(worker, num_ids: int, overflow_ids: int = 0) -> None:
     cap = getattr(worker, "_mixrl_capture", None)
     if cap is not None:
-        cap.start(num_ids)
+        cap.start(num_ids, overflow_ids)
 
 
 def collect_rpc(worker) -> dict | None:

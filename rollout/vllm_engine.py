@@ -4,10 +4,13 @@ Token ids in (`prompt_token_ids`), token ids out (`detokenize=False`: nothing is
 needs, per response token, comes from vLLM's processed distribution (`LLM(logprobs_mode="processed_logprobs")`:
 after temperature/top-k/top-p, i.e. the truncated renormalised distribution the token was drawn from):
 - the sampled token's processed logprob;
-- the kept set (Keep Sampling Mask, CSR): vLLM 0.26 has no mask output, so it is the set of finite entries, at
-  most K = `max_logprobs` of them (default top_k + 1). A position whose set may hold more is counted in
-  `Generation.kept_set_cut` and left out of the loss (`Generation.loss_mask` 0 there), since the trainer cannot
-  rebuild pi_old's normaliser from a cut set;
+- the kept set (Keep Sampling Mask, CSR): vLLM 0.26 has no mask output, so it is the set of finite entries of the
+  processed distribution. `capture=sampler` records every one of them, whatever the set's size (the first K
+  inline, the rest in a GPU overflow buffer of `kept_set_buffer_mb`); `capture=logprobs` sees at most K =
+  `max_logprobs` of them. A position whose set could not be recorded whole (logprobs: the K-th entry is still
+  kept; sampler: the overflow buffer filled up) is counted in `Generation.kept_set_cut`, warned about, and left out
+  of the loss (`Generation.loss_mask` 0 there), since the trainer cannot rebuild pi_old's normaliser from a cut
+  set;
 - the MoE routes (Keep Routing): `LLM(enable_return_routed_experts=True)`; rows of dense layers are zeroed using
   the config (`rl.routing.moe_layer_indices`), since 0 is also a valid expert id.
 Two ways to take the first two (`rollout.capture`): `sampler` (default) reduces them on the GPU next to vLLM's
@@ -137,6 +140,8 @@ class VLLMEngine:
         per_request_seed: bool = False,
         capture: str = "sampler",
         extra_args: dict | None = None,
+        kept_set_buffer_mb: float = 256.0,
+        fp32_lm_head: bool = False,
     ):
         # IPC handles travel pickled; the sampler needs no flashinfer.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -152,6 +157,7 @@ class VLLMEngine:
         self.tokenizer = load_tokenizer(model_path)
         config = AutoConfig.from_pretrained(model_path)
         self.max_logprobs = int(max_logprobs)
+        self.overflow_ids = int(float(kept_set_buffer_mb) * 2**20) // 4  # int32 ids
         self.per_request_seed = bool(per_request_seed)
         moe = moe_layer_indices(config) if record_routes else None
         self.record_routes = bool(moe)
@@ -191,6 +197,11 @@ class VLLMEngine:
             if reasons:
                 log.warning("rollout.capture=sampler unavailable (%s): using vLLM's logprobs output", "; ".join(reasons))
                 self.capture = "logprobs"
+        self.fp32_lm_head = bool(fp32_lm_head)
+        if fp32_lm_head:
+            reasons = sorted({r for r in self.llm.collective_rpc(_fp32_head_rpc) if r})
+            if reasons:
+                raise RuntimeError(f"model.fp32_lm_head: cannot compute vLLM's LM head in float32 here ({'; '.join(reasons)})")
         self.eos_ids = eos_token_ids(model_path, self.tokenizer)
         self._asleep: set[str] = set()
         self.last_convert_seconds = 0.0
@@ -235,7 +246,7 @@ class VLLMEngine:
         if hook:
             from rollout.vllm_capture import collect_rpc, start_rpc
 
-            self.llm.collective_rpc(start_rpc, args=(self.max_logprobs if want_mask else 0,))
+            self.llm.collective_rpc(start_rpc, args=(self.max_logprobs if want_mask else 0, self.overflow_ids))
             try:
                 outputs = self.llm.generate(self._prompts(prompts), vsp, use_tqdm=False)
             finally:  # always stop recording (the driver rank's result is the one that is not None)
@@ -287,6 +298,13 @@ class VLLMEngine:
                 gens.append(g)
             groups.append(gens)
         self.last_convert_seconds = time.perf_counter() - t0  # our conversion cost (benchmarks/rollout_capture.py)
+        cut = sum(g.kept_set_cut for gens in groups for g in gens)
+        if cut:
+            tokens = sum(len(g.response_ids) for gens in groups for g in gens)
+            fix = ("raise rollout.kept_set_buffer_mb" if hook else
+                   "use rollout.capture=sampler (complete sets) or raise rollout.logprobs")
+            log.warning("Keep Sampling Mask: the kept sets of %d of %d sampled positions could not be recorded whole; "
+                        "they are left out of the loss (rollout/kept_set_cut_frac): %s", cut, tokens, fix)
         return groups
 
     # -- scoring -------------------------------------------------------------------------------------------
@@ -320,6 +338,7 @@ class VLLMEngine:
     # -- sleep mode ----------------------------------------------------------------------------------------
     def sleep(self, level: int = 2) -> None:
         if not self._asleep:
+            self._head_changed()  # frees the float32 copy while the trainer has the GPU
             self.llm.sleep(level=int(level))
             self._asleep = {"weights", "kv_cache"}
 
@@ -341,6 +360,11 @@ class VLLMEngine:
 
     def finish_weight_update(self) -> None:
         self.llm.finish_weight_update()
+        self._head_changed()
+
+    def _head_changed(self) -> None:
+        if self.fp32_lm_head:
+            self.llm.collective_rpc(_fp32_head_stale_rpc)
 
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
@@ -351,6 +375,7 @@ class VLLMEngine:
         items = [kv for name, t in state_dict.items() for kv in to_checkpoint_format(name, t, model_type)]
         self.wake_up()
         self.llm.collective_rpc(_load_weights_rpc, args=(items,))
+        self._head_changed()
         self.reset_prefix_cache()
 
 
@@ -359,3 +384,34 @@ def _load_weights_rpc(worker, items):  # runs inside each vLLM worker process
     model = runner.get_model() if hasattr(runner, "get_model") else runner.model
     model.load_weights(weights=iter(items))
     return None
+
+
+def _fp32_head_rpc(worker) -> str | None:  # runs inside each vLLM worker process
+    """`model.fp32_lm_head`: the LM head's matmul in float32 (vLLM computes the logits outside its CUDA graphs, in
+    the model dtype), from a float32 copy of the head's weight made at first use after every weight change
+    (`_fp32_head_stale_rpc`). Returns None, or why it cannot be done."""
+    import torch
+    import torch.nn.functional as F
+
+    runner = worker.model_runner
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    head = getattr(model, "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if head is None or not hasattr(method, "apply") or not isinstance(getattr(head, "weight", None), torch.Tensor):
+        return f"{type(model).__name__} has no unquantised lm_head"
+    cache = worker._mixrl_fp32_head = {"w": None}
+
+    def apply(layer, x, bias=None):
+        if cache["w"] is None:
+            cache["w"] = layer.weight.float()
+        return F.linear(x.float(), cache["w"], None if bias is None else bias.float())
+
+    method.apply = apply
+    return None
+
+
+def _fp32_head_stale_rpc(worker) -> None:
+    """The head's weight changed (a weight sync) or was dropped (sleep): the float32 copy is made again at next use."""
+    cache = getattr(worker, "_mixrl_fp32_head", None)
+    if cache is not None:
+        cache["w"] = None

@@ -8,7 +8,9 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
     pytest.skip("needs CUDA", allow_module_level=True)
 pytest.importorskip("triton")
 
-from rollout.kept_set import reduce_rows, reduce_rows_torch  # noqa: E402
+import numpy as np  # noqa: E402
+
+from rollout.kept_set import OverflowBuffer, complete_sets, reduce_rows, reduce_rows_torch  # noqa: E402
 from rollout.sampling import process_logits  # noqa: E402
 
 
@@ -25,10 +27,28 @@ def test_kernel_matches_torch(dtype, logits, vocab):
     processed = (logprobs + 3.0 if logits else logprobs).to(dtype)
     sampled = torch.multinomial(logprobs.exp(), 1, generator=gen).squeeze(1)
     K = 65
-    lp, ids, total = reduce_rows(processed, sampled, K, logits)
-    lp_ref, ids_ref, total_ref = reduce_rows_torch(processed, sampled, K, logits)
+    lp, ids, total, base = reduce_rows(processed, sampled, K, logits)
+    lp_ref, ids_ref, total_ref, _ = reduce_rows_torch(processed, sampled, K, logits)
     torch.testing.assert_close(lp, lp_ref, atol=2e-5, rtol=0)
-    assert torch.equal(total, total_ref) and torch.equal(ids, ids_ref)
+    assert torch.equal(total, total_ref) and torch.equal(ids, ids_ref) and (base == -1).all()
     assert (total > K).any() and (total == 1).any()
-    lp2, none_ids, _ = reduce_rows(processed, sampled, 0, logits)
+    lp2, none_ids, *_ = reduce_rows(processed, sampled, 0, logits)
     assert none_ids is None and torch.equal(lp2, lp)
+    # With an overflow buffer every set is whole (the atomics hand out room in any order: compare whole sets)
+    ovf = OverflowBuffer(10_000_000, "cuda")
+    _, ids, total, base = reduce_rows(processed, sampled, K, logits, ovf)
+    data, asked = ovf.drain()
+    valid = ids >= 0
+    flat, count = complete_sets(ids[valid].cpu().numpy(), valid.sum(1).cpu().numpy(), total.cpu().numpy(),
+                                base.cpu().numpy(), data, K)
+    assert asked == int((total - K).clamp(min=0).sum()) and (base >= 0).sum() == (total > K).sum()
+    offsets = np.concatenate([[0], np.cumsum(count)])
+    finite = torch.isfinite(processed.float())
+    for r in range(processed.shape[0]):
+        want = finite[r].nonzero().flatten().cpu().numpy()
+        assert np.array_equal(flat[offsets[r] : offsets[r + 1]], want), r
+    # a buffer too small: the rows that found it full are marked lost (-2) and keep only their inline ids
+    small = OverflowBuffer(1000, "cuda")
+    _, _, total, base = reduce_rows(processed, sampled, K, logits, small)
+    assert ((base == -2) <= (total > K)).all() and (base == -2).any()
+    assert small.drain()[1] == int((total - K).clamp(min=0).sum())

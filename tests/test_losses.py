@@ -324,3 +324,20 @@ def test_opsm_ignores_advantages_that_are_zero_up_to_rounding():
     lp, old = t([-3.0, -3.0]), t([-1.0, -1.0])  # drift 2 > delta: only the sign of A decides
     keep = opsm_keep(t([-1e-17, -0.5]), lp, old, torch.tensor([0, 1]), t([1.0, 1.0]), t([0.5, 0.5]))
     assert keep.tolist() == [True, False]
+
+
+def test_truncated_importance_weight():
+    from rl.losses import truncated_is_weight
+
+    w = truncated_is_weight(t([-1.0, -1.0, -3.0]), t([-1.0, -2.0, -1.0]), cap=2.0)
+    torch.testing.assert_close(w, t([1.0, 2.0, math.exp(-2.0)]))  # e^1 > 2 is capped
+
+
+def test_importance_weight_scales_the_policy_gradient_only():
+    kw = dict(eps_low=0.2, eps_high=0.2, aggregation="token_mean", norm_seqs=1, norm_tokens=2)
+    args = (t([-1.0, -2.0]), t([-1.1, -1.9]), t([-1.5, -1.5]), torch.tensor([0, 0]), t([1.0, 1.0]), t([1.0]),
+            t([0.3]), t([float("inf")]))
+    _, plain = grpo_loss(*args, **kw)
+    _, weighted = grpo_loss(*args, **kw, is_weight=t([0.5, 0.5]))
+    assert weighted["pg_loss"].item() == pytest.approx(0.5 * plain["pg_loss"].item())
+    assert weighted["kl_loss"].item() == pytest.approx(plain["kl_loss"].item())

@@ -101,3 +101,23 @@ def test_reference_kl_and_checkpoint_roundtrip(setup, tmp_path):
 
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ck" / "hf")
     assert torch.equal(hf.state_dict()["lm_head.weight"], weights["lm_head.weight"])
+
+
+def test_pi_old_recomputed_by_the_trainer(setup):
+    """algorithm.old_logprobs=trainer: pi_old is the trainer's own logprob before the update. At equal weights in
+    float32 it equals the engine's, so the update equals the engine-pi_old one and every importance weight is 1;
+    with the engine's logprobs off by 0.5 the importance weights move (and are capped), the ratio does not."""
+    cfg, trajs, path = setup
+    norms = [(len(trajs), int(sum(t.num_response_tokens for t in trajs)))]
+    base = PolicyTrainer(copy.deepcopy(cfg), path, 0, 1, "127.0.0.1", _port()).train_step([trajs], norms)
+    recfg = copy.deepcopy(cfg)
+    recfg["algorithm"].update(old_logprobs="trainer", tis_cap=1.2)
+    same = PolicyTrainer(recfg, path, 0, 1, "127.0.0.1", _port()).train_step([trajs], norms)
+    assert abs(same["grad_norm"] - base["grad_norm"]) < 1e-4 * base["grad_norm"]
+    assert abs(same["is_weight_sum"] / same["tokens"] - 1.0) < 1e-4 and same["is_clip_sum"] == 0
+    shifted = copy.deepcopy(trajs)
+    for t in shifted:
+        t.inference_logprobs = t.inference_logprobs - 0.5  # the engine thought these tokens less likely
+    moved = PolicyTrainer(recfg, path, 0, 1, "127.0.0.1", _port()).train_step([shifted], norms)
+    assert moved["is_clip_sum"] == moved["tokens"]  # e^0.5 > 1.2: every weight at the cap
+    assert moved["clip_tokens"] == same["clip_tokens"]  # the ratio is against the recomputed pi_old, unchanged

@@ -169,6 +169,52 @@ def test_cut_rows_are_flagged_and_logprob_only_mode(runner_cls):
         np.testing.assert_allclose(got["inference_logprobs"], want, atol=1e-5)
 
 
+@pytest.mark.parametrize("runner_cls", [Runner, RunnerV2])
+@pytest.mark.parametrize("flush_every", [1, 64])
+def test_kept_sets_past_k_are_complete_with_the_overflow_buffer(monkeypatch, runner_cls, flush_every):
+    """Top-p alone over 50 ids keeps sets larger than K = 4: the rest goes to the overflow buffer and every set is
+    whole; a buffer too small for them all flags exactly the positions it could not hold."""
+    monkeypatch.setattr(vc, "FLUSH_EVERY", flush_every)
+    runner = runner_cls(top_k=0)
+    worker = _install(runner)
+    vc.start_rpc(worker, 4, 10_000)
+    truth = _run_schedule(runner, torch.Generator().manual_seed(1), SCHEDULE)
+    rows = vc.collect_rpc(worker)
+    internal = {vc.request_key(r): r for r in rows["req_ids"]}
+    comps = _completions(truth, internal)
+    sizes = []
+    for (key, P, toks), got in zip(comps, vc.assemble(rows, comps, 4)):
+        assert not got["cut"].any()
+        for t in range(len(toks)):
+            kept = truth[(internal[key], P + t)][2]
+            ids = got["kept_ids"][got["kept_offsets"][t] : got["kept_offsets"][t + 1]]
+            assert ids.tolist() == sorted(kept)  # whole, in id order
+            sizes.append(len(kept))
+    assert max(sizes) > 4  # some sets really were larger than K
+    vc.start_rpc(worker, 4, 6)  # room for 6 ids past K per flush window: some larger sets cannot be stored
+    truth = _run_schedule(runner, torch.Generator().manual_seed(1), SCHEDULE)
+    rows = vc.collect_rpc(worker)
+    internal = {vc.request_key(r): r for r in rows["req_ids"]}
+    comps = _completions(truth, internal)
+    flagged = 0
+    for (key, P, toks), got in zip(comps, vc.assemble(rows, comps, 4)):
+        counts = np.diff(got["kept_offsets"])
+        kept_sizes = np.array([len(truth[(internal[key], P + t)][2]) for t in range(len(toks))])
+        assert np.array_equal(got["cut"], counts < kept_sizes)  # a stored set is whole, or flagged
+        assert (counts[got["cut"]] == 4).all()  # a flagged one kept its inline ids
+        flagged += int(got["cut"].sum())
+    assert flagged > 0
+
+
+def test_complete_sets_joins_inline_and_overflow_ids():
+    from rollout.kept_set import complete_sets
+
+    inline = np.array([1, 2, 3, 4, 9, 5, 6, 7, 8], np.int32)  # rows: 4 ids (+2 more), 1 id, 4 ids (lost: +3)
+    flat, count = complete_sets(inline, np.array([4, 1, 4]), np.array([6, 1, 7]), np.array([3, -1, -2]),
+                                np.array([0, 0, 0, 10, 11], np.int32), 4)
+    assert count.tolist() == [6, 1, 4] and flat.tolist() == [1, 2, 3, 4, 10, 11, 9, 5, 6, 7, 8]
+
+
 def test_assemble_refuses_rows_out_of_step():
     runner = Runner()
     worker = _install(runner)
@@ -243,12 +289,13 @@ def test_reduce_rows_matches_a_direct_computation(logits):
         x[r, torch.randperm(40, generator=gen)[k:]] = float("-inf")
     processed = x + 2.5 if logits else torch.log_softmax(x, dim=-1)
     sampled = torch.tensor([int(torch.isfinite(x[r]).nonzero()[0]) for r in range(6)])
-    lp, ids, total = reduce_rows_torch(processed, sampled, 6, logits=logits)
+    lp, ids, total, base = reduce_rows_torch(processed, sampled, 6, logits=logits)
     want = torch.log_softmax(x, dim=-1)[torch.arange(6), sampled]
     torch.testing.assert_close(lp.double(), want, atol=1e-5, rtol=0)
     assert total.tolist() == keep_counts
     for r, k in enumerate(keep_counts):
         kept = torch.isfinite(x[r]).nonzero().squeeze(1).tolist()
         assert ids[r].tolist() == (kept + [-1] * 6)[:6]  # the first K kept ids in id order, -1 after
-    lp_only, none_ids, none_total = reduce_rows_torch(processed, sampled, 0, logits=logits)
+    assert (base == -1).all()  # no overflow buffer given
+    lp_only, none_ids, none_total, _ = reduce_rows_torch(processed, sampled, 0, logits=logits)
     assert none_ids is None and none_total is None and torch.equal(lp_only, lp)

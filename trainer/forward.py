@@ -107,12 +107,20 @@ def forward_logprobs(
     temperature: float,
     chunk_size: int = 1024,
     with_entropy: bool = False,
+    fp32_head: bool = False,
 ) -> ForwardOut:
     """Logprobs (and entropy) of the sampled tokens; run inside `route_replay` for Keep Routing. A batch that carries
-    kept sets (the engine recorded them: Keep Sampling Mask on) is scored over them, else over the full vocabulary."""
+    kept sets (the engine recorded them: Keep Sampling Mask on) is scored over them, else over the full vocabulary.
+    fp32_head (`model.fp32_lm_head`): the LM head's matmul in float32 instead of the model's dtype, as the engine
+    then does too, so bf16 rounding of the logits no longer separates the two (the softmax is float32 anyway)."""
     body, head = split_head(model)
     hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
     hidden = hidden.reshape(-1, hidden.shape[-1])[batch.logit_index]
+    weight, bias = head.weight, getattr(head, "bias", None)
+    if fp32_head and hidden.dtype in (torch.bfloat16, torch.float16):
+        # one float32 copy of the head per forward (its gradient flows back through the cast)
+        hidden, weight = hidden.float(), weight.float()
+        bias = bias.float() if bias is not None else None
     kwargs = dict(
         temperature=temperature,
         kept_ids=batch.kept_ids,
@@ -120,4 +128,4 @@ def forward_logprobs(
         chunk_size=chunk_size,
         with_entropy=with_entropy,
     )
-    return ForwardOut(*token_logprobs(hidden, head.weight, batch.targets, lm_bias=getattr(head, "bias", None), **kwargs))
+    return ForwardOut(*token_logprobs(hidden, weight, batch.targets, lm_bias=bias, **kwargs))

@@ -54,6 +54,7 @@ class FrozenModel:
                     batch,
                     temperature=self.temperature,
                     chunk_size=int(tcfg["logprob_chunk_size"]),
+                    fp32_head=bool(self.cfg["model"].get("fp32_lm_head", False)),
                 )
             logp = res.logprobs.float().cpu().numpy()
             bounds = np.cumsum([0] + [t.num_response_tokens for t in chunk])

@@ -11,16 +11,23 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from rl.losses import grpo_loss
+from rl.losses import grpo_loss, truncated_is_weight
 from rl.trajectory import TrainBatch
 
 
 def grpo(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[int, int]) -> tuple[torch.Tensor, dict]:
-    """`rl.losses.grpo_loss` with pi_old = the engine's `inference_logprobs` and the mini-batch's norms."""
+    """`rl.losses.grpo_loss` with the mini-batch's norms. pi_old is the engine's `inference_logprobs`, or the
+    trainer's recomputation (`batch.old_logprobs`, algorithm.old_logprobs=trainer) with truncated importance
+    weights against the engine's (`algorithm.tis_cap`; null = none)."""
     norm_seqs, norm_tokens = norm
-    return grpo_loss(
+    old, is_weight = batch.inference_logprobs, None
+    if batch.old_logprobs is not None:
+        old = batch.old_logprobs
+        if acfg.get("tis_cap") is not None:
+            is_weight = truncated_is_weight(batch.old_logprobs, batch.inference_logprobs, float(acfg["tis_cap"]))
+    loss, stats = grpo_loss(
         logprobs,
-        batch.inference_logprobs,
+        old,
         batch.ref_logprobs,
         batch.seq_index,
         batch.loss_mask,
@@ -33,7 +40,13 @@ def grpo(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[i
         aggregation=str(acfg["loss_aggregation"]),
         norm_seqs=norm_seqs,
         norm_tokens=norm_tokens,
+        is_weight=is_weight,
     )
+    if is_weight is not None:
+        mask = batch.loss_mask
+        stats["is_weight_sum"] = (is_weight * mask).sum()
+        stats["is_clip_sum"] = ((is_weight >= float(acfg["tis_cap"])).to(mask.dtype) * mask).sum()
+    return loss, stats
 
 
 Objective = Callable[[torch.Tensor, TrainBatch, Mapping, tuple[int, int]], tuple[torch.Tensor, dict]]

@@ -104,6 +104,7 @@ class PolicyTrainer:
         self.objective = OBJECTIVES[str(acfg.get("objective", "grpo"))]
         self.temperature = logprob_temperature(cfg["rollout"]) / scale
         self.chunk_size = int(tcfg["logprob_chunk_size"])
+        self.fp32_head = bool(cfg["model"].get("fp32_lm_head", False))
 
     def ready(self) -> int:
         return self.rank
@@ -113,15 +114,19 @@ class PolicyTrainer:
         """Run every mini-batch (this rank's share) with one optimizer step each; return metric sums."""
         sums: dict[str, float] = defaultdict(float)
         self.engine.train()
-        for mb_index, (trajs, norm) in enumerate(zip(minibatches, norms)):
-            micro = micro_batches(trajs, self.grad_accum)
+        plan = [micro_batches(trajs, self.grad_accum) for trajs in minibatches]
+        for trajs, micro in zip(minibatches, plan):
             if len(micro) != self.grad_accum:  # DeepSpeed steps the optimizer every grad_accum micro-steps
                 raise ValueError(f"rank {self.rank}: mini-batch of {len(trajs)} gives {len(micro)} micro-batches, expected {self.grad_accum}")
-            for chunk in micro:
+        # algorithm.old_logprobs=trainer: pi_old is this policy's own logprob before the first update
+        old = self._recompute_old(plan) if self.cfg["algorithm"].get("old_logprobs") == "trainer" else None
+        for mb_index, (micro, norm) in enumerate(zip(plan, norms)):
+            for mc_index, chunk in enumerate(micro):
                 batch = collate(chunk, self.tokenizer.pad_token_id).to(self.engine.device)
+                if old is not None:
+                    batch.old_logprobs = old[mb_index][mc_index]
                 with route_replay(self.model, batch, self.keep_routing) as replay:
-                    out = ForwardOut(*self.engine(batch, temperature=self.temperature, chunk_size=self.chunk_size,
-                                                  with_entropy=True))
+                    out = self._forward(batch, with_entropy=True)
                     loss, stats = self.objective(out.logprobs, batch, self.cfg["algorithm"], norm)
                     self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
                 self.engine.step()
@@ -131,6 +136,22 @@ class PolicyTrainer:
             sums["optimizer_steps"] += 1
         sums["lr"] = float(self.engine.get_lr()[0])
         return dict(sums)
+
+    def _forward(self, batch, with_entropy: bool) -> ForwardOut:
+        return ForwardOut(*self.engine(batch, temperature=self.temperature, chunk_size=self.chunk_size,
+                                       with_entropy=with_entropy, fp32_head=self.fp32_head))
+
+    @torch.no_grad()
+    def _recompute_old(self, plan: list[list[list[Trajectory]]]) -> list[list[torch.Tensor]]:
+        """The current policy's logprobs of every micro-batch, before any update (same routes and kept sets)."""
+        out = []
+        for micro in plan:
+            out.append([])
+            for chunk in micro:
+                batch = collate(chunk, self.tokenizer.pad_token_id).to(self.engine.device)
+                with route_replay(self.model, batch, self.keep_routing):
+                    out[-1].append(self._forward(batch, with_entropy=False).logprobs.detach())
+        return out
 
     # -- weights out ---------------------------------------------------------------------------------------
     def full_state_dict(self, dtype: str | None = None) -> dict[str, torch.Tensor] | None:

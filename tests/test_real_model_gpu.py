@@ -1,6 +1,8 @@
 """The real SmolLM2-135M-Instruct on vLLM (`-m gpu`): Keep Sampling Mask records every kept set whole at
 top_p=0.95 (sets of thousands of ids), and the trainer's logprob over those sets matches vLLM's."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,8 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():  # pragma: no cover - CPU machines
     pytest.skip("needs CUDA", allow_module_level=True)
 pytest.importorskip("vllm")
+# the test process may touch CUDA before vLLM starts its engine process: forking would then fail
+os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 from rl.trajectory import Trajectory, collate  # noqa: E402
 from rollout.sampling import SamplingParams  # noqa: E402

@@ -41,6 +41,7 @@ def check_config(cfg: dict) -> None:
     """Raise ConfigError for the first problem found (nothing is started). Domains switched off (weight 0) are
     checked like the others, then removed from cfg["domains"]."""
     check_known_keys(cfg)
+    check_agent_domains(cfg)
     validate(cfg)
     try:
         check_reward_specs(cfg["domains"], cfg["rewards"], cfg["rollout"]["max_new_tokens"])
@@ -62,6 +63,27 @@ def check_config(cfg: dict) -> None:
         log.warning("rollout.temperature=0 (greedy): the %d samples of a prompt are identical, so every advantage "
                     "is 0 and GRPO learns nothing; sample with a temperature > 0", int(cfg["rollout"]["n_samples"]))
     check_wandb_login(cfg["logger"])
+
+
+def check_agent_domains(cfg: dict) -> None:
+    """`domains.<d>.agent`: its keys, its environment (bundled name or directory), and the tasks: without a
+    `dataset.path` the domain draws its environment's own tasks.jsonl."""
+    from rollout.agent import AgentConfig
+    from rollout.envs.base import load_env
+
+    for name, block in (cfg.get("domains") or {}).items():
+        if not isinstance(block, dict) or not block.get("agent"):
+            continue
+        where = f"domains.{name}.agent"
+        try:
+            agent = AgentConfig.from_config(block["agent"])
+            env = load_env(agent.env)
+        except Exception as e:  # noqa: BLE001 - a wrong key, or an environment that does not load
+            raise ConfigError(f"{where}: {e}") from None
+        ds = block.get("dataset") or {}
+        if not ds.get("path"):
+            # the episode finds the whole task in its environment by id (the dataset's rows need not carry it)
+            block["dataset"] = {**ds, "path": str(env.tasks_path), "columns": {"prompt": "prompt", "id": "id"}}
 
 
 def known_keys() -> dict:

@@ -95,7 +95,7 @@ def train(cfg: dict) -> dict:
                 with timed(times, "eval"):
                     metrics.update(evaluate(cluster, evals, ev, parts, step, tracker))
             times["time/step"] = time.perf_counter() - t0
-            generated = sum(tr.num_response_tokens for tr in trajs)
+            generated = sum(tr.num_generated_tokens for tr in trajs)
             tracker.log({**step_metrics(step, times, generated, mixture.skipped_too_long), **metrics,
                          **trainer_metrics(sums, list(domains), int(t["mini_batches"]))})
             tracker.save_rollouts(f"step_{step:06d}", trajs)

@@ -113,8 +113,9 @@ class Tracker:
             for t in trajs:
                 f.write(json_line({
                     "uid": t.uid, "domain": t.domain, "prompt": t.prompt_text, "response": t.response_text,
-                    "finish_reason": t.finish_reason, "response_tokens": t.num_response_tokens,
+                    "finish_reason": t.finish_reason, "response_tokens": t.num_generated_tokens,
                     "reward": t.reward, "parts": t.reward_parts, "error": t.reward_error, "advantage": t.advantage,
+                    **({"episode": t.episode} if t.episode is not None else {}),
                 }))
 
     def summary(self) -> dict:

@@ -169,7 +169,8 @@ class RewardComposer:
         return SampleView(
             response=response, answer=answer_part(response),
             sample=t.sample if isinstance(t.sample, dict) else {}, finish_reason=str(t.finish_reason),
-            num_response_tokens=t.num_response_tokens, domain=t.domain, max_new_tokens=self.max_new_tokens,
+            num_response_tokens=t.num_generated_tokens, domain=t.domain, max_new_tokens=self.max_new_tokens,
+            episode=t.episode,
         )
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:

@@ -17,7 +17,7 @@ from .judge import judge_request
 from .language_reward import language_consistency
 from .math_reward import math_verify_reward
 from .spec import Param, RewardSpec, positive
-from .rule_rewards import char_fraction, exact_match, format_reward, length_penalty
+from .rule_rewards import char_fraction, env_verifier, exact_match, format_reward, length_penalty
 
 _nonneg_int = dict(check=lambda x: x >= 0, hint="must be >= 0")
 _pos = dict(check=positive, hint="must be > 0")
@@ -72,6 +72,8 @@ REWARDS: dict[str, RewardSpec] = {
         "min_detect_chars": Param(int, 12, **_pos),
         "max_segments": Param(int, 2000, **_pos),
     }),
+    # An agent episode's outcome, as its environment's verifier scored it (the rollout runs the verifier).
+    "env_verifier": RewardSpec(env_verifier),
     # Batched: the function only builds the request; the composer sends the whole batch's requests to the judge
     # (rewards/judge.py) in one call. Judge settings are global (`rewards.judge`): one judge model serves all.
     "rubric_judge": RewardSpec(judge_request, runner="judge"),

@@ -138,3 +138,21 @@ def length_penalty(view: SampleView, params: dict) -> float:
     if n <= target:
         return 0.0
     return max(-1.0, -(n - target) / params["scale"])
+
+
+# -------------------------------------------------------------------------------------------------- env_verifier
+
+
+def env_verifier(view: SampleView, params: dict) -> float:
+    """An agent episode's outcome: the score its environment's verifier gave the final state and submission
+    (computed by the rollout, which holds the episode's state; see rollout/agent.py). A verifier that raised is a
+    failed part (the sample trains with advantage 0); a zero with the verifier's reason is an expected zero."""
+    outcome = (view.episode or {}).get("outcome")
+    if outcome is None:
+        raise ValueError("sample has no agent episode: env_verifier needs a domain with an `agent` block")
+    if outcome.get("error"):
+        raise RuntimeError(f"the environment's verifier raised: {outcome['error']}")
+    score = float(outcome["score"])
+    if score <= 0.0 and outcome.get("reason"):
+        raise RewardZero(str(outcome["reason"])[:300])
+    return score

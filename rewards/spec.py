@@ -27,9 +27,10 @@ class SampleView:
     answer: str  # answer part (after `</think>`), see text.answer_part
     sample: dict  # dataset row: prompt, answer, tests, rubric, language...
     finish_reason: str  # "stop" | "length"
-    num_response_tokens: int
+    num_response_tokens: int  # tokens the model generated (tool output of an agent episode not counted)
     domain: str
     max_new_tokens: int  # rollout.max_new_tokens
+    episode: dict | None = None  # multi-turn: the episode's record, with the environment verifier's outcome
 
 
 class RewardZero(Exception):

@@ -19,7 +19,7 @@ class ConfigError(ValueError):
     """A config value is wrong; the message starts with the dotted key."""
 
 
-DOMAIN_KEYS = {"weight", "dataset", "eval_dataset", "kl_coef", "opsm_delta", "rewards"}
+DOMAIN_KEYS = {"weight", "dataset", "eval_dataset", "kl_coef", "opsm_delta", "rewards", "agent"}
 DATASET_KEYS = {"path", "name", "split", "columns", "system_prompt", "data_files"}
 ENGINES = {"hf", "vllm", "auto"}
 AUTO_BOOL = {"auto", True, False}
@@ -65,6 +65,8 @@ def validate_domains(domains: Any) -> None:
         check_number(d, "weight", path, lo=0)  # 0 switches the domain off
         check_number(d, "kl_coef", path, lo=0)
         check_number(d, "opsm_delta", path, lo=0, optional=True)  # absent = null = off
+        if d.get("agent") is not None and not isinstance(d["agent"], Mapping):
+            raise ConfigError(f"{path}.agent must be a mapping (env, max_turns, budgets...; see rollout/agent.py)")
         _validate_dataset(d.get("dataset"), f"{path}.dataset")
         if d.get("eval_dataset") is not None:
             _validate_dataset(d["eval_dataset"], f"{path}.eval_dataset")

@@ -37,8 +37,8 @@ def rollout_metrics(trajs: list[Trajectory], domain_parts: Mapping[str, list[str
         "reward/std": float(np.std([t.reward for t in trajs])) if trajs else 0.0,
         "reward/with_reason_frac": _mean([t.reward_error is not None for t in trajs]),  # failures + expected zeros
         "reward/failed_frac": _mean([t.reward_failed for t in trajs]),  # errors/timeouts: trained with advantage 0
-        "response_length/mean": _mean([t.num_response_tokens for t in trajs]),
-        "response_length/max": float(max((t.num_response_tokens for t in trajs), default=0)),
+        "response_length/mean": _mean([t.num_generated_tokens for t in trajs]),  # generated tokens only
+        "response_length/max": float(max((t.num_generated_tokens for t in trajs), default=0)),
         "response_length/truncated_frac": _mean([t.finish_reason == "length" for t in trajs]),
         "prompt_length/mean": _mean([len(t.prompt_ids) for t in trajs]),
         "advantage/abs_mean": _mean([abs(t.advantage) for t in trajs]),
@@ -55,9 +55,36 @@ def rollout_metrics(trajs: list[Trajectory], domain_parts: Mapping[str, list[str
         ts = by_domain.get(d, [])
         m[f"samples/{d}"] = float(len(ts))
         m[f"reward/{d}/mean"] = _mean([t.reward for t in ts]) if ts else None
-        m[f"response_length/{d}/mean"] = _mean([t.num_response_tokens for t in ts]) if ts else None
+        m[f"response_length/{d}/mean"] = _mean([t.num_generated_tokens for t in ts]) if ts else None
         for part in sorted({*domain_parts.get(d, ()), *(p for t in ts for p in t.reward_parts)}):
             m[f"reward/{d}/{part}"] = _mean([t.reward_parts.get(part, 0.0) for t in ts]) if ts else None
+    m.update(agent_metrics(trajs))
+    return m
+
+
+def agent_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """Multi-turn episodes, per agent domain: turns, tool calls (per tool and status), termination reasons, generated
+    vs tool tokens, tool latency, the environment verifier's success; `time/tools`: the slowest rollout worker's
+    wall time in tool calls."""
+    m: dict[str, float] = {}
+    episodes: dict[str, list[dict]] = defaultdict(list)
+    for t in trajs:
+        if t.episode is not None:
+            episodes[t.domain].append(t.episode)
+    for d, eps in sorted(episodes.items()):
+        calls = [c for e in eps for c in e["calls"]]
+        m[f"agent/{d}/turns"] = _mean([e["turns"] for e in eps])
+        m[f"agent/{d}/tool_calls"] = _mean([len(e["calls"]) for e in eps])
+        m[f"agent/{d}/generated_tokens"] = _mean([e["generated_tokens"] for e in eps])
+        m[f"agent/{d}/tool_tokens"] = _mean([e["tool_tokens"] for e in eps])
+        m[f"agent/{d}/tool_latency_s"] = _mean([c["seconds"] for c in calls])
+        m[f"agent/{d}/success/{eps[0]['env']}"] = _mean([float(e["outcome"].get("score") or 0.0) for e in eps])
+        for reason in ("submitted", "answer", "max_turns", "length"):
+            m[f"agent/{d}/termination/{reason}"] = _mean([e["termination"] == reason for e in eps])
+        for tool, status in sorted({(c["tool"], c["status"]) for c in calls}):
+            m[f"agent/{d}/calls/{tool}/{status}"] = float(sum(c["tool"] == tool and c["status"] == status for c in calls))
+    if episodes:
+        m["time/tools"] = max(e["tool_wall_s"] for eps in episodes.values() for e in eps)
     return m
 
 

@@ -18,15 +18,48 @@ from pathlib import Path
 import torch
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
-# Qwen-style ChatML; `enable_thinking=false` pre-fills an empty think block like Qwen3 does.
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
+                  "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+# Qwen3-style ChatML. Plain chats (system/user/assistant messages with string content) render exactly as the first
+# version did: `<|im_start|>{role}\n{content}<|im_end|>\n` per message, and `enable_thinking=false` pre-fills an empty
+# think block in the generation prompt like Qwen3 does. Tool use follows Qwen3's conventions (the hermes format of
+# rollout/tool_format.py): `tools=` are announced in the system message, an assistant message's `tool_calls` render
+# as `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>` after its content, and a run of `tool` messages
+# renders as one user turn of `<tool_response>` blocks. An assistant message's `reasoning_content` (when it is a
+# string, even empty) renders as `<think>\n...\n</think>\n\n` before its content; which earlier reasoning to keep
+# is the caller's choice (rollout/thinking.py), the template drops none. transformers renders templates with
+# trim_blocks (a newline right after a `%}` is dropped), so those newlines are written as {{ '\\n' }}.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{%- if tools %}<|im_start|>system\n"
+    "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within <tool_call></tool_call>"
+    " XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+    "{% endif %}"
+    "{% for m in messages %}"
+    "{% if tools and loop.first and m['role'] == 'system' %}"
+    "{% elif m['role'] == 'assistant' and (m.reasoning_content is string or m.tool_calls) %}"
+    "{% set content = m['content'] if m['content'] is string else '' %}<|im_start|>assistant\n"
+    "{% if m.reasoning_content is string %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}{{ content }}"
+    "{% for tc in m.tool_calls or [] %}{% if content or not loop.first %}{{ '\\n' }}{% endif %}"
+    "{% set f = tc.function if tc.function is defined else tc %}"
+    "<tool_call>\n{\"name\": {{ f.name | tojson }}, \"arguments\": "
+    "{% if f.arguments is string %}{{ f.arguments }}{% else %}{{ (f.arguments or {}) | tojson }}{% endif %}"
+    "{{ '}' }}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif m['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\\n' }}<tool_response>\n{{ m['content'] }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
 # Bump when the embedded builder changes so stale caches are rebuilt rather than silently reused.
-EMBEDDED_VERSION = 1
+# 2: the tool-use special tokens and the tool-aware chat template.
+EMBEDDED_VERSION = 2
 
 # Small MoE policies; a few million parameters so a 2-core CPU runs RL steps in seconds.
 EMBEDDED_CONFIGS: dict[str, dict] = {
@@ -99,7 +132,7 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 2048):
         bos_token=None,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<think>", "</think>"],
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in ("<|endoftext|>", "<|im_end|>")],
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out_dir)

@@ -54,6 +54,12 @@ class Trajectory:
     # A part raised or timed out (not an expected zero): the sample keeps reward 0 for the logs but gets advantage
     # 0 and stays out of its group's baseline, so nobody's answer is pushed down for a reward that never ran.
     reward_failed: bool = False
+    # Multi-turn (agent) episodes: True for the response tokens the model generated, False for tool/environment
+    # tokens (which also have loss_mask 0). None = every response token was generated.
+    generated: np.ndarray | None = None
+    # Multi-turn: what happened in the episode (environment, turns, tool calls, termination, the verifier's outcome),
+    # filled by the rollout; the `env_verifier` reward reads its outcome. None for single-turn samples.
+    episode: dict[str, Any] | None = None
     advantage: float = 0.0
     kl_coef: float = 0.0  # this sample's domain KL strength (domains.<d>.kl_coef)
     opsm_delta: float | None = None  # this sample's domain OPSM threshold (domains.<d>.opsm_delta), None = off
@@ -77,6 +83,8 @@ class Trajectory:
                 raise ValueError(f"trajectory {self.uid}: kept_offsets[-1]={offsets[-1]} but {len(self.kept_ids)} kept_ids")
         if self.loss_mask is not None and len(self.loss_mask) != len(self.response_ids):
             raise ValueError(f"trajectory {self.uid}: loss_mask must have one entry per response token")
+        if self.generated is not None and len(self.generated) != len(self.response_ids):
+            raise ValueError(f"trajectory {self.uid}: generated must have one entry per response token")
         if self.routed_experts is not None:
             expect = len(self.prompt_ids) + len(self.response_ids) - 1
             if self.routed_experts.shape[0] != expect:
@@ -87,7 +95,13 @@ class Trajectory:
 
     @property
     def num_response_tokens(self) -> int:
+        """Every token after the prompt (tool output of a multi-turn episode included)."""
         return int(len(self.response_ids))
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """The tokens the model generated: what length penalties, response lengths and throughput count."""
+        return int(len(self.response_ids)) if self.generated is None else int(np.count_nonzero(self.generated))
 
     def loss_mask_or_ones(self) -> np.ndarray:
         """`loss_mask` as float32, all ones when it is None (every response token is trained on)."""

@@ -30,6 +30,13 @@ class RolloutWorker:
         self.tokenizer = self.engine.tokenizer
         # Keep Sampling Mask is decided here, once: the engine records kept sets only when it is on.
         self.record_kept_set = bool(cfg["algorithm"]["keep_sampling_mask"])
+        # Agent domains (an `agent` block): multi-turn episodes against their environment (rollout/agent.py).
+        self._agents = {}
+        for name, block in cfg["domains"].items():
+            if block.get("agent"):
+                from rollout.agent import AgentConfig, AgentRunner
+
+                self._agents[name] = AgentRunner(self.engine, self.tokenizer, AgentConfig.from_config(block["agent"]))
 
     def ready(self) -> int:
         return self.rank
@@ -67,7 +74,8 @@ class RolloutWorker:
         self.engine.wake_up(tags)
 
     def generate(self, requests: list[dict], step: int, overrides: dict | None = None) -> list[Trajectory]:
-        """requests: {group_id, domain, prompt_ids, prompt_text, sample}; returns n trajectories per request.
+        """requests: {group_id, domain, prompt_ids, prompt_text, sample}; returns n trajectories per request, in
+        request order. A domain with an `agent` block runs multi-turn episodes (rollout/agent.py).
         `overrides`: rollout keys (n_samples, temperature, top_p, top_k) for this call only: held-out evaluation,
         whose samples are never trained on (so no kept sets are recorded for them)."""
         if not requests:
@@ -75,6 +83,19 @@ class RolloutWorker:
         seed = (int(self.cfg["seed"]) * 1_000_003 + step * 1009 + self.rank) % (2**63)
         rcfg = {**self.cfg["rollout"], **{k: v for k, v in (overrides or {}).items() if v is not None}}
         sp = sampling_params(rcfg, seed, self.record_kept_set if overrides is None else False)
+        by_domain: dict[str, list[int]] = {}
+        for i, req in enumerate(requests):
+            by_domain.setdefault(req["domain"] if req["domain"] in self._agents else "", []).append(i)
+        out: list[list[Trajectory]] = [[] for _ in requests]
+        for domain, idx in by_domain.items():
+            part = [requests[i] for i in idx]
+            trajs = self._agents[domain].run(part, sp) if domain else self._single_turn(part, sp)
+            n = sp.n
+            for k, i in enumerate(idx):
+                out[i] = trajs[k * n : (k + 1) * n]
+        return [t for group in out for t in group]
+
+    def _single_turn(self, requests: list[dict], sp) -> list[Trajectory]:
         groups = self.engine.generate([r["prompt_ids"] for r in requests], sp)
         out = []
         for req, gens in zip(requests, groups):

@@ -78,7 +78,7 @@ def test_gpu_shares_of_a_colocated_run():
         "rollout.num_gpus": 0.4, "trainer.num_gpus": 0.4, "trainer.ref_num_gpus": 0.1, "rewards.judge.num_gpus": 0.1}
     # no KL domain: no reference share; a judge on a whole GPU of its own: outside the group; split: no group
     no_kl = composed(*VLLM_COLOCATED, "rewards.judge.num_gpus=1", *(f"domains.{d}.kl_coef=0" for d in
-                                                                   ("code", "logic", "general")))
+                                                                   ("code", "logic", "general", "agent")))
     assert colocated_shares(no_kl) == {"rollout.num_gpus": 0.4, "trainer.num_gpus": 0.4}
     assert colocated_shares(composed(*VLLM_COLOCATED, "rollout.placement=split")) == {}
     assert colocated_shares(composed()) == {}  # the CPU default (hf engine)

@@ -44,9 +44,12 @@ def test_mixed_rl_embedded_default(tmp_path):
     for r in rows:
         for key in REQUIRED:
             assert key in r, key
-        for d in ("math", "code", "logic", "general"):  # every domain's keys on every step (null without samples)
+        for d in ("math", "code", "logic", "general", "agent"):  # every domain's keys every step (null without samples)
             assert f"reward/{d}/mean" in r and f"kl/{d}" in r and f"samples/{d}" in r
             assert (r[f"reward/{d}/mean"] is None) == (r[f"samples/{d}"] == 0)
+        if r["samples/agent"]:  # multi-turn episodes against the smoke environment
+            assert r["agent/agent/turns"] >= 1 and r["agent/agent/tool_tokens"] > 0 and "time/tools" in r
+            assert abs(sum(r[f"agent/agent/termination/{x}"] for x in ("submitted", "answer", "max_turns", "length")) - 1) < 1e-9
     # held-out eval every 6 steps on math and logic (rl/bundled/eval/)
     for r in rows:
         evaluated = r["step"] in (6, 12)
@@ -56,7 +59,7 @@ def test_mixed_rl_embedded_default(tmp_path):
     run = tmp_path / "run"
     assert "done: 12 steps" in out["stdout"] and "  math: " in out["stdout"] and str(run / "metrics.jsonl") in out["stdout"]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 12 and set(summary["reward"]) == {"all", "math", "code", "logic", "general"}
+    assert summary["steps"] == 12 and set(summary["reward"]) == {"all", "math", "code", "logic", "general", "agent"}
     log_text = (run / "train.log").read_text()
     assert "worker pid" in log_text and "scored 0 with a reason" in log_text
     assert "scored 0 with a reason" not in out["stdout"] + out["stderr"]

@@ -93,10 +93,10 @@ def test_known_keys_pass():
 def test_weight_zero_switches_a_domain_off():
     cfg = compose(["+experiment=mixed_rl", "domains.general.weight=0"])
     check_config(cfg)
-    assert set(cfg["domains"]) == {"math", "code", "logic"}  # the judge is then not needed at all
+    assert set(cfg["domains"]) == {"math", "code", "logic", "agent"}  # the judge is then not needed at all
     with pytest.raises(ConfigError, match="every domain has weight 0"):
         check_config(compose(["+experiment=mixed_rl", *(f"domains.{d}.weight=0" for d in
-                                                       ("math", "code", "logic", "general"))]))
+                                                       ("math", "code", "logic", "general", "agent"))]))
 
 
 def test_greedy_sampling_is_warned_about(caplog):

@@ -1,0 +1,81 @@
+"""`python -m launch.filter_tasks DOMAIN --k 8 --out KEPT.jsonl [hydra overrides]`: keep the agent tasks the current
+policy can solve at least once (DeepSeek-V3.2 keeps only synthesised tasks with non-zero pass@k).
+
+Every task of the agent domain DOMAIN (its `dataset`, by default its environment's tasks.jsonl) is run k times
+with the policy of `model.path` on the configured rollout engine (transformers on CPU, vLLM on a GPU), each
+episode scored by the environment's verifier. A task passes when one of its k episodes scores at least
+`--threshold`. The kept tasks (their original rows) go to `--out`; one line per task with its pass count goes to
+`--report` when given; the summary prints pass@k overall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from launch.config import compose, prepare
+from launch.tracking import json_line
+from rl.config import ConfigError
+from rl.data import PromptMixture
+from rl.models import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def filter_tasks(cfg: dict, domain: str, k: int, threshold: float, batch: int = 16) -> list[tuple[dict, int]]:
+    """(task row, passing episodes out of k) for every task of the agent domain."""
+    from rollout.worker import RolloutWorker
+
+    cfg["rollout"]["n_samples"] = int(k)
+    cfg["domains"] = {domain: cfg["domains"][domain]}
+    model_path = prepare(cfg)
+    mixture = PromptMixture(cfg["domains"], load_tokenizer(model_path), seed=cfg["seed"],
+                            max_prompt_tokens=cfg["data"]["max_prompt_tokens"])
+    rows = mixture.rows[domain]
+    worker = RolloutWorker(cfg, model_path, 0)
+    out = []
+    for start in range(0, len(rows), batch):
+        requests = [{"group_id": f"task-{i}", "domain": domain, "prompt_ids": [], "prompt_text": "", "sample": row}
+                    for i, row in enumerate(rows[start : start + batch], start)]
+        trajs = worker.generate(requests, step=0)
+        for j, req in enumerate(requests):
+            scores = [t.episode["outcome"].get("score") or 0.0 for t in trajs[j * k : (j + 1) * k]]
+            out.append((req["sample"], sum(s >= threshold for s in scores)))
+        log.info("filter_tasks: %d/%d tasks run", min(start + batch, len(rows)), len(rows))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m launch.filter_tasks", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("domain", help="an agent domain of the config (domains.<name>.agent)")
+    ap.add_argument("--k", type=int, default=8, help="episodes per task")
+    ap.add_argument("--threshold", type=float, default=1.0, help="verifier score an episode needs to pass")
+    ap.add_argument("--out", required=True, help="JSONL of the kept tasks")
+    ap.add_argument("--report", help="JSONL: every task's id and passing episodes")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +experiment=mixed_rl model.path=...")
+    args, extra = ap.parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    cfg = compose(list(args.overrides) + extra)
+    block = (cfg.get("domains") or {}).get(args.domain)
+    if not block or not block.get("agent"):
+        print(f"domains.{args.domain}: not an agent domain of this config (it needs an `agent` block)", file=sys.stderr)
+        return 2
+    try:
+        results = filter_tasks(cfg, args.domain, args.k, args.threshold)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    Path(args.out).write_text("".join(json_line(row) for row, passed in results if passed))
+    if args.report:
+        Path(args.report).write_text("".join(json_line({"id": row.get("id"), "passed": passed, "k": args.k})
+                                             for row, passed in results))
+    kept = sum(1 for _, passed in results if passed)
+    print(f"pass@{args.k}: {kept}/{len(results)} tasks solved at least once -> {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""Multi-turn agent episodes: the model calls an environment's tools over several turns, token-in/token-out.
+
+One episode per (task, sample): the first prompt is the task rendered with the environment's tools (the tool-call
+format's `initial_prompt`). Each turn the engine continues the episode's context; the model's ids are appended
+verbatim (never decoded and tokenised again), its text is parsed for tool calls, the calls of every episode run
+concurrently with a per-call deadline, and the tool results are rendered as text (the format escapes special
+tokens), tokenised on their own and appended with loss mask 0. Turns of all live episodes go to the engine in
+one call, so vLLM batches (and prefix-caches) them.
+
+Stitched into one `Trajectory` per episode: response = everything after the first prompt; `generated` marks the
+model's tokens; `inference_logprobs` and kept sets come from the engine for generated tokens (0 and an empty kept
+set for tool tokens, which have loss mask 0); routes (Keep Routing) are the first turn's rows, then each later
+turn's new rows, the first of which is the previous turn's last generated token as that turn's prefill routed it.
+
+An episode ends when the model submits (the environment's final tool), answers without a tool call (unless
+`require_submit`, which instead tells it to use its tools, as a tool error), reaches `max_turns`, or would pass
+`max_context_tokens` / `max_episode_tokens` (reason `length`: nothing over the window is ever sent to the engine).
+The environment's verifier then scores the final state; its outcome is read by the `env_verifier` reward.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rl.trajectory import Trajectory
+from rollout.sampling import SamplingParams, decode_response
+
+
+@dataclass
+class AgentConfig:
+    """`domains.<d>.agent`: the environment and the episode's budgets (conf/experiment/mixed_rl.yaml documents them)."""
+
+    env: str
+    max_turns: int = 6
+    max_context_tokens: int = 4096  # prompt + everything after it; nothing longer is sent to the engine
+    max_episode_tokens: int = 2048  # generated + tool tokens after the first prompt
+    max_tool_output_tokens: int = 512  # one tool result, after which it is cut in the middle with a marker
+    tool_timeout_s: float = 10.0
+    thinking: bool = False  # thinking mode: the assistant reasons in <think>...</think> before acting
+    format: str = "auto"  # tool-call format: auto (from the tokenizer) | hermes | dsml
+    require_submit: bool = True  # an answer without a tool call is sent back as an error until the model submits
+    system_prompt: str | None = None  # added before the environment's description
+    tool_workers: int = 16  # concurrent tool calls per rollout worker
+
+    @classmethod
+    def from_config(cls, block: Mapping) -> "AgentConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(block) - known)
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r}; allowed: {sorted(known)}")
+        return cls(**dict(block))
+
+
+@dataclass
+class _Episode:
+    request: dict
+    index: int
+    session: object
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    generated: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    kept: list[np.ndarray] | None = None  # per response position (None: no kept sets recorded)
+    loss: list[float] = field(default_factory=list)  # 0 for tool tokens and for positions whose kept set was cut
+    routes: np.ndarray | None = None
+    texts: list[str] = field(default_factory=list)  # the model's decoded turns
+    transcript: list[str] = field(default_factory=list)  # turns and tool results, for the logs
+    calls: list[dict] = field(default_factory=list)  # {tool, status, seconds}
+    turns: int = 0
+    kept_set_cut: int = 0
+    reason: str | None = None  # why it ended: submitted | answer | max_turns | length
+    tool_wall_s: float = 0.0
+    parsed: object = None  # the last turn, parsed by the tool-call format
+    cut_turn: bool = False  # the last turn stopped at max_new_tokens, without its end token
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def add_generation(self, g) -> None:
+        ids = [int(t) for t in g.response_ids]
+        self.response_ids += ids
+        self.generated += [True] * len(ids)
+        self.logprobs += [float(x) for x in g.inference_logprobs]
+        self.loss += list(g.loss_mask) if g.loss_mask is not None else [1.0] * len(ids)
+        self.kept_set_cut += int(g.kept_set_cut)
+        if g.kept_offsets is not None:
+            self.kept = self.kept if self.kept is not None else [np.zeros(0, np.int32)] * (len(self.response_ids) - len(ids))
+            self.kept += [g.kept_ids[g.kept_offsets[j] : g.kept_offsets[j + 1]] for j in range(len(ids))]
+        if g.routed_experts is not None:  # rows of this call's context + generation; keep what earlier turns had
+            self.routes = g.routed_experts if self.routes is None else np.concatenate(
+                [self.routes, g.routed_experts[len(self.routes):]], axis=0)
+        self.turns += 1
+
+    def add_tool_tokens(self, ids: list[int]) -> None:
+        self.response_ids += ids
+        self.generated += [False] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.loss += [0.0] * len(ids)
+        if self.kept is not None:
+            self.kept += [np.zeros(0, np.int32)] * len(ids)
+
+
+class AgentRunner:
+    """Runs episodes of one environment with one engine; owned by a RolloutWorker (one per agent domain)."""
+
+    def __init__(self, engine, tokenizer, cfg: AgentConfig):
+        from rollout.envs.base import load_env
+        from rollout.tool_format import tool_format
+
+        self.engine, self.tok, self.cfg = engine, tokenizer, cfg
+        self.env = load_env(cfg.env)
+        self.format = tool_format(cfg.format, tokenizer, thinking=cfg.thinking)
+        self.tools = self.env.tool_schemas()
+        # A request's sample may be just {id, prompt}: the environment's own task row (with its data) is used then.
+        self._tasks = {str(t["id"]): t for t in self.env.tasks()}
+        self._pool = cf.ThreadPoolExecutor(max(1, int(cfg.tool_workers)), thread_name_prefix="agent-tools")
+
+    # -- episode set-up ------------------------------------------------------------------------------------
+    def _prompt_ids(self, sample: dict) -> list[int]:
+        system = "\n\n".join(x for x in (self.cfg.system_prompt, self.env.description) if x)
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": str(sample["prompt"])}]
+        text = self.format.initial_prompt(messages, self.tools, thinking=self.cfg.thinking)
+        return self.tok(text, add_special_tokens=False)["input_ids"]  # our own text, not model output
+
+    def _fit(self, text: str, limit: int) -> str:
+        """A tool result cut in the middle to `limit` tokens, with a marker saying how much went."""
+        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        if len(ids) <= limit:
+            return text
+        keep = max(limit - 16, 2)
+        return (self.tok.decode(ids[: keep // 2]) + f"\n[... {len(ids) - keep} tokens omitted ...]\n"
+                + self.tok.decode(ids[len(ids) - keep // 2:]))
+
+    # -- the loop ------------------------------------------------------------------------------------------
+    def run(self, requests: list[dict], sp: SamplingParams) -> list[Trajectory]:
+        """requests: {group_id, domain, sample (the task row), ...}; sp.n episodes per request."""
+        episodes = []
+        for req in requests:
+            task = self._tasks.get(str(req["sample"].get("id")), req["sample"])
+            for j in range(sp.n):
+                episodes.append(_Episode({**req, "task": task}, j, self.env.reset(task), self._prompt_ids(task)))
+        try:
+            for ep in episodes:
+                if len(ep.prompt_ids) >= self.cfg.max_context_tokens:
+                    ep.reason = "length"
+            turn = 0
+            while True:
+                live = [ep for ep in episodes if ep.reason is None]
+                if not live:
+                    break
+                self._generate(live, sp, turn)
+                self._act([ep for ep in live if ep.reason is None])
+                turn += 1
+            return [self._trajectory(ep) for ep in episodes]
+        finally:
+            for ep in episodes:
+                ep.session.close()
+
+    def _room(self, ep: _Episode, sp: SamplingParams) -> int:
+        return min(sp.max_new_tokens, self.cfg.max_context_tokens - len(ep.context),
+                   self.cfg.max_episode_tokens - len(ep.response_ids))
+
+    def _generate(self, live: list[_Episode], sp: SamplingParams, turn: int) -> None:
+        """One turn of every live episode: one engine call per distinct token budget (usually just one)."""
+        by_room: dict[int, list[_Episode]] = {}
+        for ep in live:
+            room = self._room(ep, sp)
+            if room <= 0:
+                ep.reason = "length"
+            else:
+                by_room.setdefault(room, []).append(ep)
+        for room, eps in sorted(by_room.items()):
+            seed = None if sp.seed is None else (sp.seed + 7919 * (turn + 1)) % (2**63)
+            tsp = dataclasses.replace(sp, n=1, max_new_tokens=room, seed=seed)
+            for ep, (g,) in zip(eps, self.engine.generate([ep.context for ep in eps], tsp)):
+                ep.add_generation(g)
+                text = decode_response(self.tok, g.response_ids)
+                ep.texts.append(text)
+                ep.transcript.append(text)
+                ep.cut_turn = g.finish_reason == "length"
+                if ep.cut_turn and room < sp.max_new_tokens:
+                    ep.reason = "length"  # the episode's budget, not the turn's, ran out
+                ep.parsed = self.format.parse(text)
+
+    def _act(self, live: list[_Episode]) -> None:
+        """Run the tool calls of every episode concurrently; append their results, or end the episode."""
+        jobs = []
+        for ep in live:
+            parsed = ep.parsed
+            if not parsed.tool_calls and not parsed.errors and not self.cfg.require_submit:
+                ep.reason = "answer"
+            elif ep.turns >= self.cfg.max_turns:
+                ep.reason = "max_turns"
+            else:
+                jobs += [(ep, call) for call in parsed.tool_calls]
+        t0 = time.perf_counter()
+        futures = {self._pool.submit(ep.session.call, call.name, call.arguments, self.cfg.tool_timeout_s): (ep, call)
+                   for ep, call in jobs}
+        results: dict[int, list] = {}
+        for fut, (ep, call) in futures.items():
+            res = fut.result()  # Session.call never raises; it bounds its own time
+            ep.calls.append({"tool": call.name, "status": res.status, "seconds": round(res.seconds, 4)})
+            results.setdefault(id(ep), []).append((call, res))
+        wall = time.perf_counter() - t0
+        for ep in live:
+            if ep.reason is not None:
+                continue
+            ep.tool_wall_s += wall
+            done = results.get(id(ep), [])
+            if any(res.final for _, res in done):
+                ep.reason = "submitted"
+                continue
+            limit = self.cfg.max_tool_output_tokens
+            items = [(call, self._fit(res.content, limit)) for call, res in done]
+            errors = list(ep.parsed.errors)
+            if not done and not errors:  # require_submit: an answer without a tool call
+                errors = ["No tool was called. Use the tools, and call the submit tool with your final result."]
+            # one tool message per turn: the results, then the malformed calls' errors
+            text = self.format.tool_results_text(items + [(None, e) for e in errors]) if items else \
+                self.format.error_text(errors)
+            if ep.cut_turn:  # the turn hit max_new_tokens before its end token: close it first (not trained on)
+                text = self.format.end_token + text
+            ids = self.tok(text, add_special_tokens=False)["input_ids"]
+            if len(ep.context) + len(ids) >= self.cfg.max_context_tokens or \
+                    len(ep.response_ids) + len(ids) >= self.cfg.max_episode_tokens:
+                ep.reason = "length"  # the results would not fit: the episode ends before them
+                continue
+            ep.add_tool_tokens(ids)
+            ep.transcript.append(text)
+
+    # -- the record ----------------------------------------------------------------------------------------
+    def _outcome(self, ep: _Episode) -> dict:
+        try:
+            score, reason = self.env.verify(ep.request["task"], ep.session)
+            return {"score": float(score), "reason": reason}
+        except Exception as exc:  # noqa: BLE001 - a broken verifier fails the reward part, not the run
+            return {"score": 0.0, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
+    def _trajectory(self, ep: _Episode) -> Trajectory:
+        req = ep.request
+        R = len(ep.response_ids)
+        kept_ids = kept_offsets = None
+        if ep.kept is not None:
+            kept_offsets = np.zeros(R + 1, np.int64)
+            np.cumsum([len(k) for k in ep.kept], out=kept_offsets[1:])
+            kept_ids = np.concatenate(ep.kept).astype(np.int32) if R else np.zeros(0, np.int32)
+        episode = {
+            "env": self.env.name, "turns": ep.turns, "termination": ep.reason, "calls": ep.calls,
+            "generated_tokens": int(sum(ep.generated)), "tool_tokens": int(R - sum(ep.generated)),
+            "tool_wall_s": round(ep.tool_wall_s, 4), "outcome": self._outcome(ep),
+            "transcript": "".join(ep.transcript),
+        }
+        return Trajectory(
+            uid=f"{req['group_id']}-{ep.index}", group_id=req["group_id"], domain=req["domain"],
+            prompt_ids=np.asarray(ep.prompt_ids, np.int32), response_ids=np.asarray(ep.response_ids, np.int32),
+            inference_logprobs=np.asarray(ep.logprobs, np.float32),
+            finish_reason="length" if ep.reason == "length" else "stop",
+            loss_mask=np.asarray(ep.loss, np.float32), generated=np.asarray(ep.generated, bool),
+            kept_ids=kept_ids, kept_offsets=kept_offsets, kept_set_cut=ep.kept_set_cut, routed_experts=ep.routes,
+            prompt_text=self.tok.decode(ep.prompt_ids), response_text="\n".join(ep.texts),
+            sample=req["sample"], episode=episode,
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,383 @@
+"""Agent environments (rollout/envs): tool schemas from type hints, the session's containment of bad input, the
+bundled environments' reference solutions and perturbations (check_env), the REPL, FTS search, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Literal, TypedDict
+
+import pytest
+
+from rollout.envs.base import ToolResult, bundled_envs, check_env, load_env, truncate
+from rollout.envs.schema import parse_docstring, tool_schema, validate_arguments
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------------------------- schema derivation
+class Point(TypedDict):
+    x: Annotated[int, "the x coordinate"]
+    label: str
+
+
+def sample_tool(state, name: str, count: Annotated[int, {"minimum": 1, "maximum": 9}] = 3,
+                ratio: float | None = None, mode: Literal["fast", "slow"] = "fast", tags: list[str] | None = None,
+                weights: dict[str, float] | None = None, point: Point | None = None, answer: str | int | float = 0):
+    """Do a sample thing.
+
+    Longer explanation of the thing.
+
+    Args:
+        name: the name
+            continued on a second line.
+        count: how many.
+        ratio: a ratio.
+        mode: how.
+        tags: labels.
+        weights: per-key weights.
+        point: a point.
+        answer: anything scalar.
+
+    Returns:
+        A summary.
+    """
+
+
+def test_tool_schema_is_derived_from_type_hints_and_docstring():
+    fn = tool_schema(sample_tool)["function"]
+    assert fn["name"] == "sample_tool"
+    assert fn["description"] == "Do a sample thing. Longer explanation of the thing. Returns: A summary."
+    params = fn["parameters"]
+    assert params["required"] == ["name"] and params["additionalProperties"] is False
+    props = params["properties"]
+    assert "state" not in props
+    assert props["name"] == {"type": "string", "description": "the name continued on a second line."}
+    assert props["count"] == {"type": "integer", "minimum": 1, "maximum": 9, "description": "how many.",
+                              "default": 3}
+    assert props["ratio"]["type"] == ["number", "null"] and "default" not in props["ratio"]
+    assert props["mode"] == {"enum": ["fast", "slow"], "type": "string", "description": "how.", "default": "fast"}
+    assert props["tags"]["anyOf"] == [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]
+    assert props["weights"]["anyOf"][0] == {"type": "object", "additionalProperties": {"type": "number"}}
+    point = props["point"]["anyOf"][0]
+    assert point["properties"]["x"] == {"type": "integer", "description": "the x coordinate"}
+    assert point["required"] == ["x", "label"] and point["additionalProperties"] is False
+    assert props["answer"]["type"] == ["string", "number"]
+
+
+def test_tool_schema_refuses_undocumented_or_untyped_parameters():
+    def no_doc_for_arg(state, x: int):
+        """Something.
+
+        Args:
+            y: not x.
+        """
+
+    def no_hint(state, x):
+        """Something.
+
+        Args:
+            x: x.
+        """
+
+    with pytest.raises(TypeError, match="not described"):
+        tool_schema(no_doc_for_arg)
+    with pytest.raises(TypeError, match="no type hint"):
+        tool_schema(no_hint)
+    assert parse_docstring(None) == ("", {})
+
+
+def test_validation_names_each_violation():
+    schema = tool_schema(sample_tool)
+    assert validate_arguments({"name": "a"}, schema) == []
+    errors = validate_arguments({"count": "5", "extra": 1}, schema)
+    assert "missing required argument 'name'" in errors
+    assert any("argument 'count' must be an integer, got string \"5\"" in e for e in errors)
+    assert any("unexpected argument 'extra'" in e for e in errors)
+    assert validate_arguments({"name": "a", "count": 10}, schema) == ["argument 'count' must be <= 9, got 10"]
+    assert validate_arguments({"name": "a", "count": True}, schema)[0].startswith("argument 'count' must be an integer")
+    assert validate_arguments({"name": "a", "mode": "medium"}, schema)[0].startswith("argument 'mode' must be one of")
+    assert validate_arguments({"name": "a", "point": {"x": 1, "label": "p"}}, schema) == []
+    assert validate_arguments({"name": "a", "point": {"x": 1.5}}, schema)[0].startswith(
+        "argument 'point' must be an object or null")  # a union names its alternatives
+    typed = tool_schema(_typed_tool)
+    errs = validate_arguments({"point": {"x": 1.5, "color": "red"}}, typed)
+    assert "argument 'point'.x must be an integer, got number 1.5" in errs
+    assert "argument 'point' is missing the field 'label'" in errs
+    assert any("unexpected field 'color'" in e for e in errs)
+    assert validate_arguments(["a"], schema)[0].startswith("the arguments must be a JSON object")
+
+
+def _typed_tool(state, point: Point):
+    """Take a point.
+
+    Args:
+        point: the point.
+    """
+
+
+# ------------------------------------------------------------------------------------- an environment of our own
+PROBE_ENV = '''
+import time
+from rollout.envs.base import ToolError
+
+
+def echo(state, text: str) -> str:
+    """Echo text.
+
+    Args:
+        text: what to echo.
+    """
+    state.calls += 1
+    return text
+
+
+def boom(state) -> str:
+    """Raise an unexpected error."""
+    raise ValueError("kaput")
+
+
+def refuse(state) -> str:
+    """Raise an expected error."""
+    raise ToolError("not today")
+
+
+def sleepy(state, seconds: float) -> str:
+    """Sleep.
+
+    Args:
+        seconds: how long.
+    """
+    time.sleep(seconds)
+    state.slept = seconds
+    return "rested"
+
+
+def big(state, n: int) -> str:
+    """A long output.
+
+    Args:
+        n: how many characters.
+    """
+    return "x" * (n // 2) + "y" * (n - n // 2)
+
+
+def submit_result(state, answer: str) -> str:
+    """Submit.
+
+    Args:
+        answer: the answer.
+    """
+    return "ok"
+
+
+TOOLS = [echo, boom, refuse, sleepy, big, submit_result]
+
+
+def init_state(state):
+    state.calls = 0
+
+
+def verify(task, state):
+    if task.get("verifier_raises"):
+        raise RuntimeError("verifier bug")
+    if task.get("always_pass"):
+        return 1.0, None
+    return (1.0, None) if state.submission == task["answer"] else (0.0, f"got {state.submission!r}")
+
+
+def solve(task, call):
+    call("echo", text=task["answer"])
+    call("submit_result", answer=task.get("reference_answer", task["answer"]))
+'''
+
+
+def make_env_dir(root: Path, tasks: list[dict], limits: str = "{tool_timeout_s: 2, max_output_chars: 200}") -> Path:
+    d = root / "probe_env"
+    d.mkdir()
+    (d / "env.yaml").write_text(f"name: probe\ndescription: A probe environment.\nlimits: {limits}\n")
+    (d / "env.py").write_text(PROBE_ENV)
+    (d / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    return d
+
+
+@pytest.fixture
+def probe(tmp_path):
+    env = load_env(str(make_env_dir(tmp_path, [{"id": "t0", "prompt": "say hi", "answer": "hi"}])))
+    session = env.reset(env.tasks()[0])
+    yield env, session
+    session.close()
+
+
+def test_session_contains_bad_input(probe):
+    env, s = probe
+    r = s.call("echo", {"text": "hi"})
+    assert isinstance(r, ToolResult) and (r.content, r.status, r.final, r.value) == ("hi", "ok", False, "hi")
+    r = s.call("nope", {})
+    assert r.status == "unknown_tool" and "echo" in r.content
+    assert s.call(None, {}).status == "unknown_tool"
+    r = s.call("echo", {})
+    assert r.status == "bad_args" and "missing required argument 'text'" in r.content
+    r = s.call("echo", {"text": "a", "loud": True})
+    assert r.status == "bad_args" and "unexpected argument 'loud'" in r.content
+    r = s.call("echo", {"text": 3})
+    assert r.status == "bad_args" and "argument 'text' must be a string, got integer 3" in r.content
+    assert s.call("echo", ["hi"]).status == "bad_args"
+    assert s.call("echo", None).status == "bad_args"  # no arguments at all: 'text' is missing
+    r = s.call("boom", {})
+    assert r.status == "error" and "ValueError: kaput" in r.content
+    r = s.call("refuse", {})
+    assert r.status == "error" and r.content == "Error: not today"
+    r = s.call("big", {"n": 10_000})
+    assert r.status == "ok" and len(r.content) <= 200 and "[... " in r.content and "characters omitted" in r.content
+    assert r.content.startswith("x") and r.content.endswith("y") and len(r.value) == 10_000
+
+
+def test_a_tool_past_its_deadline_times_out_and_holds_the_session_until_it_returns(probe):
+    env, s = probe
+    t0 = time.perf_counter()
+    r = s.call("sleepy", {"seconds": 1.0}, timeout_s=0.2)
+    assert r.status == "timeout" and "0.2" in r.content and time.perf_counter() - t0 < 0.8
+    r = s.call("echo", {"text": "later"}, timeout_s=0.2)  # the first call still runs: no concurrent state change
+    assert r.status == "timeout" and "did not start" in r.content
+    time.sleep(1.0)
+    assert s.call("echo", {"text": "later"}).content == "later"
+    assert s.state.slept == 1.0 and s.state.calls == 1  # the timed-out echo never ran
+
+
+def test_submit_twice_keeps_the_first(probe):
+    env, s = probe
+    assert s.submission is None
+    first = s.call("submit_result", {"answer": "hi"})
+    assert first.status == "ok" and first.final
+    second = s.call("submit_result", {"answer": "bye"})
+    assert second.status == "error" and not second.final and "first submission counts" in second.content
+    assert s.submission == "hi"
+    assert env.verify(env.tasks()[0], s) == (1.0, None)
+    s.close()
+    s.close()  # idempotent
+    assert s.call("echo", {"text": "x"}).status == "error"
+    assert env.verify(env.tasks()[0], s) == (1.0, None)  # still verifiable after close
+
+
+def test_check_env_reports_failing_references_passing_perturbations_and_raising_verifiers(tmp_path):
+    tasks = [{"id": "good", "prompt": "p", "answer": "hi"},
+             {"id": "bad_ref", "prompt": "p", "answer": "hi", "reference_answer": "ho"},
+             {"id": "lenient", "prompt": "p", "answer": "hi", "always_pass": True},
+             {"id": "raises", "prompt": "p", "answer": "hi", "verifier_raises": True}]
+    report = check_env(load_env(str(make_env_dir(tmp_path, tasks))))
+    assert not report["ok"] and report["tasks"] == 4 and report["with_reference"] == 4
+    text = "\n".join(report["failures"])
+    assert "bad_ref: the reference solution scores 0.0" in text
+    assert "lenient: the perturbed solution (no_submit) passes" in text
+    assert "raises: the reference solution scores None: the verifier raised RuntimeError: verifier bug" in text
+    assert not any(f.startswith("good") for f in report["failures"])
+    assert report["reference_passed"] == 2
+
+
+def test_load_env_and_bundled_list(tmp_path):
+    assert set(bundled_envs()) >= {"smoke", "trip_planning", "code_interpreter", "search"}
+    with pytest.raises(ValueError, match="unknown environment"):
+        load_env("no_such_env")
+    with pytest.raises(FileNotFoundError):
+        load_env(str(tmp_path))
+    assert truncate("abc", 10) == "abc"
+
+
+def test_the_database_is_read_only():
+    env = load_env("smoke")
+    s = env.reset(env.tasks()[0])
+    try:
+        with pytest.raises(sqlite3.OperationalError):
+            s.state.db.execute("DELETE FROM entries")
+        assert s.call("lookup", {"key": "alpha"}).content == "17"
+    finally:
+        s.close()
+
+
+# ------------------------------------------------------------------------------------ the bundled environments
+def test_smoke_and_search_reference_solutions_pass_and_perturbations_fail():
+    for name in ("smoke", "search"):
+        report = check_env(load_env(name))
+        assert report["ok"], report["failures"]
+        assert report["reference_passed"] == report["tasks"] >= 5
+        assert report["perturbed_failed"] == report["perturbed"] >= 2 * report["tasks"]
+
+
+def test_search_finds_the_documents_each_question_needs():
+    env = load_env("search")
+    tasks = env.tasks()
+    assert len(tasks) >= 20 and all(len(t["hops"]) >= 2 for t in tasks)
+    s = env.reset(tasks[0])
+    try:
+        for task in tasks:
+            for hop in task["hops"]:
+                found = [r["doc_id"] for r in s.call("search", {"query": hop["query"], "k": 5}).value]
+                assert hop["doc"] in found, (task["id"], hop)
+        assert s.call("search", {"query": '"unbalanced AND (NEAR -*'}).status == "ok"  # no FTS syntax gets through
+        assert s.call("search", {"query": "?!"}).status == "error"
+        doc = s.call("open_document", {"doc_id": "marta_osk"}).value
+        assert "Ilvane" in doc["text"]
+        assert s.call("open_document", {"doc_id": "nobody"}).status == "error"
+    finally:
+        s.close()
+
+
+def test_code_interpreter_reference_solutions_pass_and_perturbations_fail():
+    env = load_env("code_interpreter")
+    tasks = env.tasks()
+    assert len(tasks) >= 20
+    # A sample that covers multi-cell references (REPL state), the data files and text answers; the CLI test
+    # below and `python -m launch.check_env` cover all of them.
+    sample = [t for t in tasks if len(t["reference_cells"]) > 1][:3] + [t for t in tasks if t["answer_type"] == "str"][:1]
+    report = check_env(env, sample)
+    assert report["ok"], report["failures"]
+    assert report["reference_passed"] == 4 and report["perturbed_failed"] == report["perturbed"] == 8
+
+
+def test_repl_keeps_state_and_restarts_after_a_timeout():
+    env = load_env("code_interpreter")
+    s = env.reset(env.tasks()[0])
+    try:
+        assert s.call("run_python", {"code": "x = 40\ndef f(a):\n    return a + 2"}).content == "(no output)"
+        assert s.call("run_python", {"code": "f(x)"}).content == "42"
+        r = s.call("run_python", {"code": "print(len(open('sales.csv').read().splitlines()))\n1/0"})
+        assert r.status == "error" and "81" in r.content and "ZeroDivisionError" in r.content
+        assert "<cell 3>" in r.content and "solution.py" not in r.content
+        assert s.call("run_python", {"code": "f(x)"}).content == "42"  # a failed cell does not lose state
+        r = s.call("run_python", {"code": "while True:\n    pass"}, timeout_s=1.0)
+        assert r.status == "timeout" and "restarted" in r.content and "lost" in r.content
+        r = s.call("run_python", {"code": "x"})
+        assert r.status == "error" and "NameError" in r.content
+        r = s.call("run_python", {"code": "print('a' * 50_000)"})
+        assert r.status == "ok" and "characters omitted" in r.content
+        r = s.call("run_python", {"code": "import os\nos.system('true')"})
+        assert r.status == "error" and "forbidden" in r.content
+        assert s.call("submit_result", {"answer": 40}).final
+        assert env.verify(env.tasks()[0], s) == (1.0, None)
+    finally:
+        s.close()
+
+
+# ---------------------------------------------------------------------------------------------------------- CLI
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "launch.check_env", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_exit_code(tmp_path):
+    good = _cli("smoke")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert good.stdout.startswith("smoke: ok: 5 tasks, reference solutions 5/5 pass, perturbed 10/10 fail")
+    broken = make_env_dir(tmp_path, [{"id": "t", "prompt": "p", "answer": "hi", "reference_answer": "no"}])
+    bad = _cli(str(broken), "smoke")
+    assert bad.returncode == 1
+    assert "probe: FAILED" in bad.stdout and "t: the reference solution scores 0.0" in bad.stdout
+    assert "smoke: ok" in bad.stdout  # the other environments are still checked
+    assert _cli("no_such_env").returncode == 1

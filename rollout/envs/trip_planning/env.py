@@ -156,6 +156,18 @@ def get_city_info(state, city: str) -> dict:
     return info
 
 
+def _list_venues(state, city: str, table: str, kind_col: str, kind: str | None, price_col: str,
+                 max_price: int | None) -> list[dict]:
+    """A city's attractions or restaurants, optionally of one kind and up to a price, cheapest first."""
+    sql = f"SELECT id, name, {kind_col}, {price_col}, rating FROM {table} WHERE city = ?"
+    params: list = [_city(state, city)["name"]]
+    if kind:
+        sql, params = sql + f" AND lower({kind_col}) = lower(?)", params + [kind.strip()]
+    if max_price is not None:
+        sql, params = sql + f" AND {price_col} <= ?", params + [max_price]
+    return [dict(r) for r in state.db.execute(sql + f" ORDER BY {price_col}, id", params)]
+
+
 def list_attractions(state, city: str, category: str | None = None, max_price: int | None = None) -> list[dict]:
     """The attractions of a city, cheapest first.
 
@@ -164,14 +176,7 @@ def list_attractions(state, city: str, category: str | None = None, max_price: i
         category: only this category (museum, park, landmark, gallery, market, tour, theater, viewpoint).
         max_price: only attractions costing at most this much per person, in dollars.
     """
-    name = _city(state, city)["name"]
-    sql = "SELECT id, name, category, price, rating FROM attractions WHERE city = ?"
-    params: list = [name]
-    if category:
-        sql, params = sql + " AND lower(category) = lower(?)", params + [category.strip()]
-    if max_price is not None:
-        sql, params = sql + " AND price <= ?", params + [max_price]
-    return [dict(r) for r in state.db.execute(sql + " ORDER BY price, id", params)]
+    return _list_venues(state, city, "attractions", "category", category, "price", max_price)
 
 
 def get_attraction(state, attraction_id: str) -> dict:
@@ -192,14 +197,7 @@ def list_restaurants(state, city: str, cuisine: str | None = None, max_price: in
         cuisine: only this cuisine (e.g. Italian, Japanese, local, seafood, vegetarian).
         max_price: only restaurants costing at most this much per person, in dollars.
     """
-    name = _city(state, city)["name"]
-    sql = "SELECT id, name, cuisine, price_per_person, rating FROM restaurants WHERE city = ?"
-    params: list = [name]
-    if cuisine:
-        sql, params = sql + " AND lower(cuisine) = lower(?)", params + [cuisine.strip()]
-    if max_price is not None:
-        sql, params = sql + " AND price_per_person <= ?", params + [max_price]
-    return [dict(r) for r in state.db.execute(sql + " ORDER BY price_per_person, id", params)]
+    return _list_venues(state, city, "restaurants", "cuisine", cuisine, "price_per_person", max_price)
 
 
 def get_restaurant(state, restaurant_id: str) -> dict:

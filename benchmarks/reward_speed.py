@@ -1,8 +1,12 @@
 """Reward throughput: samples/s for math (math-verify in the process pool) and code (sandboxed tests).
 
-    python benchmarks/reward_speed.py --workers 1 2 [--math 4096] [--code 512]
+    python benchmarks/reward_speed.py --workers 1 2 [--math 4096] [--code 512] [--short 256]
 
 Math samples: a mix of correct/wrong/equivalent-form answers (fractions, decimals, intervals, sets).
+Short samples ("math-short"): one GRPO step of the bundled arithmetic (256 answers): 3 of 4 end in \\boxed{n}
+(right or wrong), 1 of 4 says "The answer is n." without a box. Scored with the in-process plain-number
+shortcut (`fast`) and without it ("math-short-pool": every sample through math-verify in the pool);
+"in-process" counts the samples the shortcut decided.
 Code samples: the bundled code problems' reference solutions (plus a wrong program every 4th sample).
 `--workers N` sets rewards.num_workers (pool processes and concurrent sandboxes of one RewardWorker).
 """
@@ -10,6 +14,7 @@ Code samples: the bundled code problems' reference solutions (plus a wrong progr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -17,6 +22,7 @@ import time
 
 import numpy as np
 
+from rewards import registry
 from rewards.compose import RewardComposer
 from rl.data import BUNDLED_DIR
 from rl.trajectory import Trajectory
@@ -41,6 +47,18 @@ def math_batch(n):
     return out
 
 
+def short_batch(n):
+    rows = [json.loads(x) for x in (BUNDLED_DIR / "math.jsonl").read_text().splitlines() if x.strip()]
+    out = []
+    for i in range(n):
+        r = rows[i % len(rows)]
+        gold = r["answer"]
+        said = gold if i % 3 else str(int(gold) + 1) if gold.lstrip("-").isdigit() else "-1"
+        end = f"The answer is {said}." if i % 4 == 3 else f"So {r['question'][8:-1]} = {said}. \\boxed{{{said}}}"
+        out.append(traj(i, "math", f"<think>add the ones, then the tens</think>{end}", {"answer": r["answer"]}))
+    return out
+
+
 def code_batch(n):
     rows = [json.loads(x) for x in (BUNDLED_DIR / "code.jsonl").read_text().splitlines() if x.strip()]
     out = []
@@ -52,19 +70,28 @@ def code_batch(n):
 
 
 def bench(kind, n, workers):
-    domains = {"math": [{"name": "math"}], "code": [{"name": "code"}]}
+    domain = "code" if kind == "code" else "math"
     cfg = {"num_workers": workers, "code": {"wall_s": 10, "cpu_s": 5}}
-    t0 = time.perf_counter()
-    composer = RewardComposer({kind: domains[kind]}, cfg, 1024)
-    start_s = time.perf_counter() - t0
-    batch = math_batch(n) if kind == "math" else code_batch(n)
+    math_spec = registry.REWARDS["math"]
+    if kind == "math-short-pool":
+        registry.REWARDS["math"] = dataclasses.replace(math_spec, fast=None)
+    try:
+        t0 = time.perf_counter()
+        composer = RewardComposer({domain: [{"name": domain}]}, cfg, 1024)
+        start_s = time.perf_counter() - t0
+    finally:
+        registry.REWARDS["math"] = math_spec
+    batch = {"math": math_batch, "code": code_batch}.get(kind, short_batch)(n)
     t0 = time.perf_counter()
     composer.score(batch)
     elapsed = time.perf_counter() - t0
     composer.close()
     errors = sum(t.reward_error is not None for t in batch)
     mean = sum(t.reward for t in batch) / n
-    return n / elapsed, elapsed, start_s, mean, errors
+    fast, params = registry.REWARDS["math"].fast, {"max_answer_chars": 4000}
+    in_process = 0 if kind in ("code", "math-short-pool") else sum(
+        fast(composer._view(t), params) is not None for t in batch)
+    return n / elapsed, elapsed, start_s, mean, errors, in_process
 
 
 def main():
@@ -72,16 +99,18 @@ def main():
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--math", type=int, default=4096)
     ap.add_argument("--code", type=int, default=512)
+    ap.add_argument("--short", type=int, default=256)
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     print(f"cpus={os.cpu_count()} uid={os.geteuid()}")
-    print(f"{'reward':6} {'samples':>7} {'workers':>7} {'samples/s':>10} {'score s':>8} {'start s':>8} "
-          f"{'mean':>6} {'errors':>6}")
-    for kind, n in (("math", args.math), ("code", args.code)):
-        for w in args.workers:
-            rate, elapsed, start_s, mean, errors = bench(kind, n, w)
-            print(f"{kind:6} {n:7d} {w:7d} {rate:10.1f} {elapsed:8.2f} {start_s:8.2f} {mean:6.3f} {errors:6d}",
-                  flush=True)
+    print(f"{'reward':15} {'samples':>7} {'workers':>7} {'samples/s':>10} {'score s':>8} {'start s':>8} "
+          f"{'mean':>6} {'errors':>6} {'in-process':>10}")
+    runs = (("math", args.math), ("math-short", args.short), ("math-short-pool", args.short), ("code", args.code))
+    for kind, n in runs:
+        for w in args.workers if n else ():
+            rate, elapsed, start_s, mean, errors, in_process = bench(kind, n, w)
+            print(f"{kind:15} {n:7d} {w:7d} {rate:10.1f} {elapsed:8.3f} {start_s:8.2f} {mean:6.3f} {errors:6d} "
+                  f"{in_process:10d}", flush=True)
 
 
 if __name__ == "__main__":

@@ -215,6 +215,13 @@ class RewardComposer:
         except Exception as exc:  # noqa: BLE001 - a broken reward must not take the run down
             return _Result(0.0, f"{type(exc).__name__}: {str(exc)[:300]}", failed=True)
 
+    def _fast(self, part: Part, view: SampleView) -> _Result | None:
+        try:
+            value = part.spec.fast(view, part.params)
+        except Exception:  # noqa: BLE001 - the shortcut never decides an error; the reward itself will, in the pool
+            return None
+        return None if value is None else self._check_value(part, value)
+
     @staticmethod
     def _check_value(part: Part, value: Any) -> _Result:
         lo, hi = part.spec.score_range
@@ -225,11 +232,17 @@ class RewardComposer:
         return _Result(float(min(max(value, lo), hi)))
 
     def _run_pool(self, trajs, jobs, results) -> None:
-        tasks = []
+        tasks, sent = [], []
         for ti, pi, view in jobs:
             part = self.domains[trajs[ti].domain][pi]
+            if part.spec.fast is not None and (fast := self._fast(part, view)) is not None:
+                results[(ti, pi)] = fast  # decided without a pool round trip (plain-number math answers)
+                continue
             tasks.append((part.spec.fn, (view, part.params), part.timeout_s))
-        for (ti, pi, _), out in zip(jobs, self._pool.run(tasks)):
+            sent.append((ti, pi, view))
+        if not tasks:
+            return
+        for (ti, pi, _), out in zip(sent, self._pool.run(tasks)):
             part = self.domains[trajs[ti].domain][pi]
             if out.ok:
                 results[(ti, pi)] = self._check_value(part, out.value)

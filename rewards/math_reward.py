@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
+from fractions import Fraction
 
 from .spec import RewardZero, SampleView
+from .text import last_boxed
 
 # Loggers of math-verify and of its LaTeX parser; their records are collected, never printed, under the block below.
 _QUIET_LOGGERS = ("math_verify", "latex2sympy2_extended")
@@ -115,3 +118,70 @@ def warm_up_math() -> None:
 
     with _quiet_math_verify():
         verify(parse("$\\boxed{1/2}$"), parse("0.5"))
+
+
+# Exact answers written as a plain number, a/b or \frac{a}{b} (the bundled arithmetic, most competition integers).
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d+)?|\.\d+)")
+_SLASH = re.compile(r"([+-]?\d+)/(\d+)")
+_FRAC = re.compile(r"([+-]?)\\[dt]?frac\{([+-]?\d+)\}\{(\d+)\}")
+
+
+def plain_number(text: str) -> Fraction | None:
+    """`text` as an exact number when it is written as one (at most 64 characters), else None."""
+    s = text.strip().strip("$").replace(" ", "")
+    if not s or len(s) > 64:
+        return None
+    try:
+        if _NUMBER.fullmatch(s):
+            return Fraction(s)
+        if m := _SLASH.fullmatch(s):
+            return Fraction(int(m[1]), int(m[2])) if int(m[2]) else None
+        if m := _FRAC.fullmatch(s):
+            value = Fraction(int(m[2]), int(m[3])) if int(m[3]) else None
+            return -value if value is not None and m[1] == "-" else value
+    except (ValueError, ZeroDivisionError):
+        return None
+    return None
+
+
+# math-verify reads the answer with regexes in priority groups (parser.extract_target_from_pred): "final answer is
+# ... I hope" first, then \boxed{} and "final answer ... is" together (rightmost wins), then "answer ..." and
+# plain numbers. Without the words "final answer", a response's only \boxed{} is therefore its answer; without a
+# box, LaTeX, operators, percent or any other digits, a lone integer in prose ("The answer is 57.") is.
+_LONE_INTEGER = re.compile(r"(?:^|\s)(-?[0-9]+)(?=$|[\s.,!?:;])")
+_NOT_PROSE = re.compile(r"[$\\%()\[\]{}+*/^=<>×÷]|percent|pct", re.IGNORECASE)
+_DIGITS = re.compile(r"\d+")
+
+
+def _said_answer(tail: str) -> Fraction | None:
+    """The number math-verify would read as the answer, when that is certain without running it; else None."""
+    if "\\fbox" in tail or "final answer" in tail.lower():
+        return None
+    if "\\boxed" in tail:
+        boxed = last_boxed(tail) if tail.count("\\boxed") == 1 else None
+        return plain_number(boxed) if boxed is not None else None
+    if len(_DIGITS.findall(tail)) != 1 or _NOT_PROSE.search(tail):
+        return None
+    m = _LONE_INTEGER.search(tail)
+    if m is None or tail.count("-") != m[1].count("-"):  # a dash elsewhere may join an expression with it
+        return None
+    return Fraction(int(m[1]))
+
+
+def fast_math_check(view: SampleView, params: dict) -> float | None:
+    """The math reward without sympy, when the reference is a plain number and so is the answer (the response's
+    only \\boxed{}, or a lone integer in plain prose): 1.0 when they are equal, 0.0 when they differ by more than
+    any rounding tolerance; None (math-verify decides, in the pool) otherwise, e.g. 0.333 against 1/3, which
+    math-verify may accept. Linear in the answer's tail, so it runs in the composer's process: most reasoning
+    samples never wait for a pool process."""
+    gold = plain_number(str(view.sample.get("answer") or ""))
+    if gold is None:
+        return None
+    pred = _said_answer(view.answer[-params["max_answer_chars"]:])
+    if pred is None:
+        return None
+    if pred == gold:
+        return 1.0
+    if pred.denominator == 1 and gold.denominator == 1:
+        return 0.0
+    return 0.0 if abs(pred - gold) > 1e-3 * max(1, abs(gold)) else None

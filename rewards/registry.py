@@ -15,7 +15,7 @@ import math
 from .code_reward import code_reward
 from .judge import judge_request
 from .language_reward import language_consistency
-from .math_reward import math_verify_reward
+from .math_reward import fast_math_check, math_verify_reward
 from .spec import Param, RewardSpec, positive
 from .rule_rewards import char_fraction, env_verifier, exact_match, format_reward, length_penalty
 
@@ -36,7 +36,7 @@ def _check_length(params: dict, max_new_tokens: int) -> None:
 
 
 REWARDS: dict[str, RewardSpec] = {
-    "math": RewardSpec(math_verify_reward, runner="pool", params={
+    "math": RewardSpec(math_verify_reward, runner="pool", fast=fast_math_check, params={
         "max_answer_chars": Param(int, 4000, **_pos),  # only the answer's tail is parsed
         "inner_timeout_s": Param(int, 5, **_pos),  # math-verify's own parse/verify timeouts
     }),

@@ -60,6 +60,9 @@ class RewardSpec:
     # Checks between parameters, called with (params, max_new_tokens); raises ValueError.
     cross_check: Callable[[dict, int], None] | None = None
     any_params: bool = False  # a user's own reward (a dotted path): its part's other keys are passed as they are
+    # Pool rewards only: an exact in-process shortcut, linear in the input, that returns the score or None when
+    # `fn` must decide (in the pool). Must agree with `fn` wherever it returns a score.
+    fast: Callable[[SampleView, dict], float | None] | None = None
 
 
 # Keys every part accepts, handled by the composer rather than the reward.

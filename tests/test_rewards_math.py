@@ -137,3 +137,81 @@ def test_pool_workers_keep_math_verify_noise_off_the_console():
     assert slow == [0.0, "math: math-verify timed out comparing with the reference (inner_timeout_s=1)", False]
     assert slow_parse == [0.0, "math: math-verify timed out parsing the answer (inner_timeout_s=1)", False]
     assert "Timeout during" not in proc.stderr + proc.stdout, proc.stderr
+
+
+# ------------------------------------------------------------------ in-process shortcut for plain-number answers
+def _view(text, answer):
+    from rewards.text import answer_part
+
+    return SampleView(response=text, answer=answer_part(text), sample={"answer": answer}, finish_reason="stop",
+                      num_response_tokens=5, domain="math", max_new_tokens=1024)
+
+
+def _slow_score(view, params):
+    try:
+        return math_verify_reward(view, params)
+    except RewardZero:
+        return 0.0
+
+
+PLAIN = [  # (response, reference): every one is decided by the shortcut
+    ("\\boxed{42}", "42"), ("\\boxed{41}", "42"), ("\\boxed{-3}", "3"), ("\\boxed{3}", "-3"), ("\\boxed{007}", "7"),
+    ("\\boxed{2.50}", "2.5"), ("\\boxed{0.5}", "1/2"), ("\\boxed{\\frac{1}{2}}", "0.5"), ("\\boxed{\\dfrac{3}{4}}", "0.75"),
+    ("\\boxed{-\\frac{1}{2}}", "-1/2"), ("\\boxed{1000000000001}", "1000000000000"), ("$\\boxed{ 12 }$", "12"),
+    ("<think>maybe \\boxed{5}</think> so \\boxed{6}", "6"), ("\\boxed{+5}", "5"), ("\\boxed{.5}", "1/2"),
+    ("So 69 + 24 = 93. \\boxed{93}", "93"), ("\\boxed{2.5}", "2.4"), ("\\boxed{0.5}", "1/3"),
+    ("The answer is 57.", "57"), ("The answer is 57.", "58"), ("57", "57"), ("I think it is -5!", "-5"),
+    ("Answer: 12", "12"), ("The sum is 57, I am sure.", "57"), ("There are 4 apples", "9/2"), ("答案是 7", "7"), ("so it is 7", "7"),
+]
+UNDECIDED = [  # left to math-verify: tolerance, several boxes, non-numbers, no box
+    ("\\boxed{0.333}", "1/3"), ("\\boxed{1} or \\boxed{2}", "2"), ("\\boxed{x+1}", "2"),
+    ("\\boxed{1,000}", "1000"), ("\\boxed{50\\%}", "50"), ("\\boxed{3}", "\\sqrt{9}"), ("\\fbox{3} \\boxed{3}", "3"),
+    ("\\boxed{3.}", "3"), ("\\boxed{1/0}", "1"), ("", "3"),
+    ("\\boxed{5}. The final answer is 6. I hope it is correct.", "6"), ("The final answer is 6", "6"),
+    ("The answer is 57 - 3", "54"), ("x = 57", "57"), ("The answer is 57%", "57"), ("**57**", "57"),
+    ("The answer is 57.5", "57.5"), ("The answer is 1,000", "1000"), ("pre-5", "-5"), ("$57$", "57"),
+    ("The answer is 57th", "57"), ("(57)", "57"),
+]
+
+
+def test_fast_path_decides_plain_numbers_exactly_as_math_verify():
+    from rewards.math_reward import fast_math_check
+
+    params = {"max_answer_chars": 4000, "inner_timeout_s": 5}
+    rng = np.random.default_rng(0)
+    generated = []
+    for _ in range(150):  # random integers, decimals and fractions, right and wrong, in every written form
+        a, b = int(rng.integers(-50, 50)), int(rng.integers(1, 12))
+        gold = rng.choice([str(a), f"{a}/{b}", f"{a / b:.3f}".rstrip("0").rstrip(".") if a % b == 0 else f"{a}/{b}"])
+        c = a + int(rng.integers(-1, 2)) * int(rng.integers(0, 2))
+        pred = rng.choice([str(c), f"{c}/{b}", f"\\frac{{{c}}}{{{b}}}", f"{c * 2}/{b * 2}"])
+        generated.append((f"the result is \\boxed{{{pred}}}.", str(gold)))
+        generated.append((f"The answer is {c}.", str(gold)))
+        generated.append((f"\\boxed{{{rng.choice([a * 100, a / 100, a / b + 1e-4, a / b + 0.01])}}}", str(gold)))
+    decided = 0
+    for text, gold in PLAIN + UNDECIDED + generated:
+        view = _view(text, gold)
+        fast = fast_math_check(view, params)
+        if fast is not None:
+            decided += 1
+            assert fast == _slow_score(view, params), (text, gold, fast)
+    for text, gold in PLAIN:
+        assert fast_math_check(_view(text, gold), params) is not None, (text, gold)
+    for text, gold in UNDECIDED:
+        assert fast_math_check(_view(text, gold), params) is None, (text, gold)
+    assert decided >= len(PLAIN) + len(generated) // 3
+
+
+def test_plain_answers_never_reach_the_pool(composer, monkeypatch):
+    sent = []
+    real_run = composer._pool.run
+
+    def counting_run(tasks):
+        sent.extend(tasks)
+        return real_run(tasks)
+
+    monkeypatch.setattr(composer._pool, "run", counting_run)
+    cases = [("\\boxed{12}", "12"), ("\\boxed{13}", "12"), ("\\boxed{\\frac{1}{2}}", "0.5"), ("\\boxed{0.333}", "1/3")]
+    trajs = composer.score([traj(t, a, uid=str(i)) for i, (t, a) in enumerate(cases)])
+    assert [t.reward for t in trajs] == [1.0, 0.0, 1.0, 0.0]
+    assert len(sent) == 1  # only the 0.333-vs-1/3 sample needed math-verify

@@ -189,6 +189,9 @@ class Cluster:
             self._weight_sync.after_generate()  # colocated + sleep mode: give the GPU memory to the trainer
         return trajs
 
+    def trainer_device_name(self) -> str:
+        return self._get_trainers([self.trainers[0].device_name.remote()])[0]
+
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
         return self.rewards.map("score", trajs)
 

@@ -24,6 +24,7 @@ from rewards.compose import required_fields
 from rl.advantages import assign_advantages, attach_domain_coefficients
 from rl.batching import minibatches
 from rl.data import EvalPrompts, PromptMixture
+from rl.flops import PerfMeter, load_body_flops, resolve_peak_tflops
 from rl.metrics import eval_metrics, rollout_metrics, step_metrics, trainer_metrics
 from rl.models import load_tokenizer
 
@@ -57,6 +58,9 @@ def train(cfg: dict) -> dict:
     cluster = Cluster(cfg, model_path)
     start = resume(cluster, mixture, candidates)
     tracker = Tracker(cfg, run_dir, total, start, resume=bool(candidates), launched=launched)
+    peak = resolve_peak_tflops(t.get("peak_tflops"), cluster.trainer_device_name())
+    perf = PerfMeter(load_body_flops(model_path), peak, int(t["num_processes"]),
+                     recompute_old=cfg["algorithm"].get("old_logprobs") == "trainer")
     in_flight: deque = deque()  # (step, mixture state before its prompts, weight version, pending rollout)
     warned_no_signal = False
 
@@ -97,6 +101,7 @@ def train(cfg: dict) -> dict:
             times["time/step"] = time.perf_counter() - t0
             generated = sum(tr.num_generated_tokens for tr in trajs)
             tracker.log({**step_metrics(step, times, generated, mixture.skipped_too_long), **metrics,
+                         **perf.metrics(trajs, need_ref, times),
                          **trainer_metrics(sums, list(domains), int(t["mini_batches"]))})
             tracker.save_rollouts(f"step_{step:06d}", trajs)
             if metrics["advantage/zero_variance_group_frac"] == 1.0 and not warned_no_signal:

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = [
     "step", "reward/mean", "response_length/mean", "loss/pg", "clip_frac", "entropy/kept_set", "entropy/full_vocab", "time/rollout",
     "time/reward", "time/ref", "time/train", "time/sync", "throughput/tokens_per_s", "opsm/masked_frac",
-    "mismatch/logprob_abs",
+    "mismatch/logprob_abs", "throughput/train_tokens_per_s", "perf/train_tflops_per_gpu",
 ]
 
 
@@ -42,6 +42,7 @@ def test_mixed_rl_embedded_default(tmp_path):
     rows = launch(tmp_path / "run", "+experiment=mixed_rl", outputs=out)
     assert [r["step"] for r in rows] == list(range(1, 13))
     for r in rows:
+        assert "perf/mfu" not in r  # CPU: no peak to compare with
         for key in REQUIRED:
             assert key in r, key
         for d in ("math", "code", "logic", "general", "agent"):  # every domain's keys every step (null without samples)
@@ -77,7 +78,9 @@ def test_mixed_rl_embedded_default(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_learn_raises_reward(tmp_path):
-    rows = launch(tmp_path / "run", "+experiment=smoke_learn")
+    rows = launch(tmp_path / "run", "+experiment=smoke_learn", "trainer.peak_tflops=0.5")
+    for r in rows:  # MFU against the given peak (on CPU, auto gives none)
+        assert r["perf/mfu"] == pytest.approx(r["perf/train_tflops_per_gpu"] / 0.5) and 0 < r["perf/mfu"] < 1
     first = sum(r["reward/mean"] for r in rows[:5]) / 5
     last = sum(r["reward/mean"] for r in rows[-5:]) / 5
     print(f"smoke_learn reward: first 5 steps {first:.3f}, last 5 steps {last:.3f}")

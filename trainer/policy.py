@@ -109,6 +109,11 @@ class PolicyTrainer:
     def ready(self) -> int:
         return self.rank
 
+    def device_name(self) -> str:
+        """The GPU's name (for its peak FLOP/s, perf/mfu), "cpu" on CPU."""
+        device = torch.device(self.engine.device)
+        return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
     # -- one rollout batch ------------------------------------------------------------------------------------
     def train_step(self, minibatches: list[list[Trajectory]], norms: list[tuple[int, int]]) -> dict:
         """Run every mini-batch (this rank's share) with one optimizer step each; return metric sums."""

@@ -62,7 +62,8 @@ class PendingMap:
 
     def __init__(self, pool: "ActorPool", method: str, shares: list[list], args: tuple):
         self.pool, self.method, self.shares, self.args = pool, method, shares, args
-        self.refs = [getattr(a, method).remote(s, *args) if s else None for a, s in zip(pool.actors, shares)]
+        self.actors = list(pool.actors)  # the handles this call went to (another call may replace one meanwhile)
+        self.refs = [getattr(a, method).remote(s, *args) if s else None for a, s in zip(self.actors, shares)]
 
     def collect(self) -> list:
         """Wait for every share; a worker that died or exceeded the pool's timeout is replaced and its share
@@ -75,15 +76,20 @@ class PendingMap:
                 out.extend(ray.get(ref, timeout=pool.timeout_s))
             except (RayActorError, GetTimeoutError) as e:
                 what = "timed out" if isinstance(e, GetTimeoutError) else f"died ({e})"
-                log.error("%s worker %d %s; replacing it and retrying its %d items", pool.name, i, what, len(share))
-                pool.replace(i)
+                if pool.actors[i] is self.actors[i]:
+                    log.error("%s worker %d %s; replacing it and retrying its %d items", pool.name, i, what, len(share))
+                    pool.replace(i)
+                else:  # an earlier call in flight already replaced it: retry on the replacement
+                    log.error("%s worker %d %s; retrying its %d items on its replacement", pool.name, i, what, len(share))
                 try:
                     out.extend(ray.get(getattr(pool.actors[i], self.method).remote(share, *self.args),
                                        timeout=pool.timeout_s))
-                except GetTimeoutError:
+                except (RayActorError, GetTimeoutError) as e2:
+                    what = f"exceeded {pool.timeout_s}s" if isinstance(e2, GetTimeoutError) else f"died ({e2})"
                     raise RuntimeError(
-                        f"{pool.name} worker {i}: {self.method} exceeded {pool.timeout_s}s twice; raise the timeout "
-                        f"({pool.name} timeout_s) or look for a hang (checkpoints are in run_dir)"
+                        f"{pool.name} worker {i}: {self.method} failed twice (last: {what}); raise the timeout "
+                        f"({pool.name} timeout_s) or look for a hang or crash in run_dir/train.log (checkpoints are "
+                        "in run_dir)"
                     ) from None
         return out
 
@@ -169,12 +175,13 @@ class Cluster:
             self._weight_sync = VLLMWeightSync(cfg, self.rollout.actors, self.trainers)
             self._weight_sync.init()
 
-    def _get_trainers(self, refs: list):
+    def _get_trainers(self, refs: list, role: str = "a PolicyTrainer rank"):
+        """Results of the stateful actors (trainer ranks, the reference): one that died ends the run."""
         try:
             return ray.get(refs)
         except RayActorError as e:
             raise RuntimeError(
-                f"a PolicyTrainer rank died ({e}). Weights and optimizer state since the last checkpoint are lost; "
+                f"{role} died ({e}). Weights and optimizer state since the last checkpoint are lost; "
                 f"restart with trainer.resume=auto and the same run_dir={self.cfg['run_dir']} to continue from it."
             ) from e
 
@@ -183,9 +190,11 @@ class Cluster:
         """`overrides`: sampling keys for held-out evaluation (see RolloutWorker.generate)."""
         return self.rollout.submit("generate", requests, step, overrides)
 
-    def collect_rollout(self, pending: PendingMap) -> list[Trajectory]:
+    def collect_rollout(self, pending: PendingMap, sleep: bool = True) -> list[Trajectory]:
+        """`sleep`: colocated vLLM with sleep mode frees its GPU memory for the trainer afterwards (a rollout that
+        runs after the weight sync, like the held-out eval, must not: the next step generates from those weights)."""
         trajs = pending.collect()
-        if self._weight_sync is not None:
+        if sleep and self._weight_sync is not None:
             self._weight_sync.after_generate()  # colocated + sleep mode: give the GPU memory to the trainer
         return trajs
 
@@ -196,7 +205,7 @@ class Cluster:
         return self.rewards.map("score", trajs)
 
     def ref_logprobs(self, trajs: list[Trajectory]) -> list[np.ndarray]:
-        return ray.get(self.reference.logprobs.remote(trajs))
+        return self._get_trainers(self.reference.logprobs.remote(trajs), "the reference model (FrozenModel)")
 
     def train(self, minibatches: list[list[Trajectory]]) -> list[dict]:
         """Each mini-batch is split evenly across ranks; the loss is normalised by the whole mini-batch."""

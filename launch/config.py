@@ -56,6 +56,11 @@ def check_config(cfg: dict) -> None:
     if objective not in OBJECTIVES:
         raise ConfigError(f"algorithm.objective must be one of {sorted(OBJECTIVES)}, got {objective!r}")
     staleness = check_number(cfg["rollout"], "max_staleness", "rollout", lo=0, integer=True, optional=True) or 0
+    if staleness > 1:
+        # A worker runs one call at a time, so with 1 the next rollout already runs through the whole train step;
+        # more queues further rollouts behind it and only makes their weights older.
+        raise ConfigError(f"rollout.max_staleness={staleness}: use 0 (synchronous) or 1 (the next step's rollout runs "
+                          "while this step trains); larger values add no overlap, only staleness")
     if staleness and is_colocated_vllm(cfg):
         raise ConfigError("rollout.max_staleness > 0 overlaps rollout with training, which colocated vLLM cannot do "
                           "(it sleeps while the trainer trains): use rollout.placement=split, or 0")
@@ -84,6 +89,8 @@ def check_agent_domains(cfg: dict) -> None:
         if not ds.get("path"):
             # the episode finds the whole task in its environment by id (the dataset's rows need not carry it)
             block["dataset"] = {**ds, "path": str(env.tasks_path), "columns": {"prompt": "prompt", "id": "id"}}
+        elif not ds.get("columns"):  # e.g. the output of launch.filter_tasks: the id finds the environment's task
+            block["dataset"] = {**ds, "columns": {"prompt": "prompt", "id": "id"}}
 
 
 def known_keys() -> dict:

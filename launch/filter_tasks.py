@@ -4,8 +4,10 @@ policy can solve at least once (DeepSeek-V3.2 keeps only synthesised tasks with 
 Every task of the agent domain DOMAIN (its `dataset`, by default its environment's tasks.jsonl) is run k times
 with the policy of `model.path` on the configured rollout engine (transformers on CPU, vLLM on a GPU), each
 episode scored by the environment's verifier. A task passes when one of its k episodes scores at least
-`--threshold`. The kept tasks (their original rows) go to `--out`; one line per task with its pass count goes to
-`--report` when given; the summary prints pass@k overall.
+`--threshold`. The kept tasks go to `--out` as the episodes saw them: the environment's own task row (all its
+columns) when the row's id names one, else the dataset row with the domain's `columns` applied; training on them
+is `domains.DOMAIN.dataset.path=KEPT.jsonl` (columns `prompt` and `id` are read by default). One line per task
+with its pass count goes to `--report` when given; the summary prints pass@k overall. k may be 1 (pass@1).
 """
 
 from __future__ import annotations
@@ -26,11 +28,15 @@ log = logging.getLogger(__name__)
 
 def filter_tasks(cfg: dict, domain: str, k: int, threshold: float, batch: int = 16) -> list[tuple[dict, int]]:
     """(task row, passing episodes out of k) for every task of the agent domain."""
+    from rollout.envs.base import load_env
     from rollout.worker import RolloutWorker
 
-    cfg["rollout"]["n_samples"] = int(k)
+    if int(k) < 1:
+        raise ConfigError(f"--k {k}: run at least one episode per task")
     cfg["domains"] = {domain: cfg["domains"][domain]}
     model_path = prepare(cfg)
+    cfg["rollout"]["n_samples"] = int(k)  # after the training checks: k = 1 (pass@1) is fine here, GRPO needs 2
+    env_tasks = {str(t["id"]): t for t in load_env(cfg["domains"][domain]["agent"]["env"]).tasks()}
     mixture = PromptMixture(cfg["domains"], load_tokenizer(model_path), seed=cfg["seed"],
                             max_prompt_tokens=cfg["data"]["max_prompt_tokens"])
     rows = mixture.rows[domain]
@@ -42,7 +48,8 @@ def filter_tasks(cfg: dict, domain: str, k: int, threshold: float, batch: int = 
         trajs = worker.generate(requests, step=0)
         for j, req in enumerate(requests):
             scores = [t.episode["outcome"].get("score") or 0.0 for t in trajs[j * k : (j + 1) * k]]
-            out.append((req["sample"], sum(s >= threshold for s in scores)))
+            row = env_tasks.get(str(req["sample"].get("id")), req["sample"])  # what rollout/agent.py ran
+            out.append((row, sum(s >= threshold for s in scores)))
         log.info("filter_tasks: %d/%d tasks run", min(start + batch, len(rows)), len(rows))
     return out
 

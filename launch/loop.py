@@ -3,8 +3,8 @@
     prompts (domain mixture) -> rollout (G samples each) -> rewards -> GRPO advantages -> [reference logprobs]
     -> policy update (mini-batches) -> weight sync -> [held-out eval] -> log -> checkpoint
 
-`rollout.max_staleness` = k lets the rollouts of the next k steps run while this step trains (0: synchronous).
-Their samples then come from weights k updates old; pi_old is still the engine's, and OPSM covers the drift.
+`rollout.max_staleness` = 1 lets the next step's rollout run while this step trains (0: synchronous). Its samples
+then come from weights one update old; pi_old is still the engine's, and OPSM covers the drift.
 """
 
 from __future__ import annotations
@@ -44,34 +44,36 @@ def train(cfg: dict) -> dict:
     model_path = prepare(cfg)
     run_dir, t = Path(cfg["run_dir"]).resolve(), cfg["trainer"]
     lock = RunDirLock(run_dir)  # before anything is written there
-    total, domains = int(t["total_steps"]), cfg["domains"]
-    parts = {d: [p.get("label", p["name"]) for p in spec["rewards"]] for d, spec in domains.items()}
-    tokenizer, needed = load_tokenizer(model_path), {d: required_fields(spec["rewards"]) for d, spec in domains.items()}
-    data = dict(max_prompt_tokens=cfg["data"]["max_prompt_tokens"], required_fields=needed,
-                chat_template_kwargs=cfg["data"].get("chat_template_kwargs"))
-    mixture = PromptMixture(domains, tokenizer, seed=cfg["seed"], **data)
-    ev = cfg.get("eval") or {}
-    evals = EvalPrompts(domains, tokenizer, max_prompts=int(ev.get("max_prompts") or 64), **data) if ev.get("every") else None
-    candidates = find_resume(t["resume"], run_dir)
-    write_config(run_dir, cfg)
-    start_ray(cfg["ray"], run_dir, cfg["logger"])
-    cluster = Cluster(cfg, model_path)
-    start = resume(cluster, mixture, candidates)
-    tracker = Tracker(cfg, run_dir, total, start, resume=bool(candidates), launched=launched)
-    peak = resolve_peak_tflops(t.get("peak_tflops"), cluster.trainer_device_name())
-    perf = PerfMeter(load_body_flops(model_path), peak, int(t["num_processes"]),
-                     recompute_old=cfg["algorithm"].get("old_logprobs") == "trainer")
-    in_flight: deque = deque()  # (step, mixture state before its prompts, weight version, pending rollout)
-    warned_no_signal = False
-
-    def submit_rollout(step: int) -> None:
-        data_state = mixture.state_dict()
-        prompts = mixture.next_batch(int(cfg["data"]["prompts_per_step"]))
-        for i, p in enumerate(prompts):
-            p["group_id"] = f"s{step}-p{i}"
-        in_flight.append((step, data_state, step - 1 - len(in_flight), cluster.submit_rollout(prompts, step)))
-
+    cluster = tracker = None
     try:
+        total, domains = int(t["total_steps"]), cfg["domains"]
+        parts = {d: [p.get("label", p["name"]) for p in spec["rewards"]] for d, spec in domains.items()}
+        agents = [d for d, spec in domains.items() if spec.get("agent")]
+        tokenizer, needed = load_tokenizer(model_path), {d: required_fields(spec["rewards"]) for d, spec in domains.items()}
+        data = dict(max_prompt_tokens=cfg["data"]["max_prompt_tokens"], required_fields=needed,
+                    chat_template_kwargs=cfg["data"].get("chat_template_kwargs"))
+        mixture = PromptMixture(domains, tokenizer, seed=cfg["seed"], **data)
+        ev = cfg.get("eval") or {}
+        evals = held_out_prompts(ev, domains, tokenizer, data)
+        candidates = find_resume(t["resume"], run_dir)
+        write_config(run_dir, cfg)
+        start_ray(cfg["ray"], run_dir, cfg["logger"])
+        cluster = Cluster(cfg, model_path)
+        start = resume(cluster, mixture, candidates)
+        tracker = Tracker(cfg, run_dir, total, start, resume=bool(candidates), launched=launched)
+        peak = resolve_peak_tflops(t.get("peak_tflops"), cluster.trainer_device_name())
+        perf = PerfMeter(load_body_flops(model_path), peak, int(t["num_processes"]),
+                         recompute_old=cfg["algorithm"].get("old_logprobs") == "trainer")
+        in_flight: deque = deque()  # (step, mixture state before its prompts, weight version, pending rollout)
+        warned_no_signal = False
+
+        def submit_rollout(step: int) -> None:
+            data_state = mixture.state_dict()
+            prompts = mixture.next_batch(int(cfg["data"]["prompts_per_step"]))
+            for i, p in enumerate(prompts):
+                p["group_id"] = f"s{step}-p{i}"
+            in_flight.append((step, data_state, step - 1 - len(in_flight), cluster.submit_rollout(prompts, step)))
+
         for step in range(start + 1, total + 1):
             times: dict[str, float] = {}
             t0 = time.perf_counter()
@@ -94,7 +96,7 @@ def train(cfg: dict) -> dict:
                 sums = cluster.train(minibatches(trajs, int(t["mini_batches"]), cfg["seed"], step))
             with timed(times, "sync"):
                 cluster.sync_weights()
-            metrics = rollout_metrics(trajs, parts, staleness=step - 1 - version)
+            metrics = rollout_metrics(trajs, parts, staleness=step - 1 - version, agent_domains=agents)
             if evals is not None and (step % int(ev["every"]) == 0 or step == total):
                 with timed(times, "eval"):
                     metrics.update(evaluate(cluster, evals, ev, parts, step, tracker))
@@ -113,10 +115,13 @@ def train(cfg: dict) -> dict:
                 # The data position to resume from is before the prompts of rollouts still in flight.
                 state = {"step": step, "data": in_flight[0][1] if in_flight else mixture.state_dict()}
                 save_checkpoint(cluster, state, run_dir, step, int(t["keep_checkpoints"]))
-    finally:
-        summary = tracker.close()
-        cluster.shutdown()
-        lock.release()
+    finally:  # also when start-up failed part-way: close what was started, and free the run_dir
+        try:
+            summary = tracker.close() if tracker is not None else None
+        finally:
+            if cluster is not None:
+                cluster.shutdown()
+            lock.release()
     return summary
 
 
@@ -141,12 +146,26 @@ def resume(cluster: Cluster, mixture: PromptMixture, candidates: list[Path]) -> 
     return 0
 
 
+def held_out_prompts(ev: dict, domains: dict, tokenizer, data: dict) -> EvalPrompts | None:
+    """The eval set, or None when evaluation is off (`eval.every: 0`) or has nothing to evaluate (warned)."""
+    if not ev.get("every"):
+        return None
+    evals = EvalPrompts(domains, tokenizer, max_prompts=int(ev.get("max_prompts") or 64), **data)
+    if not evals.requests:
+        log.warning("eval.every=%s but no domain has an eval_dataset (or every eval prompt is too long): no evaluation "
+                    "runs", ev["every"])
+        return None
+    return evals
+
+
 def evaluate(cluster: Cluster, evals: EvalPrompts, ev: dict, parts: dict, step: int, tracker) -> dict:
     """Held-out evaluation with the current weights: k samples per prompt, scored by each domain's rewards."""
     k = int(ev.get("n_samples") or 4)
     overrides = {"n_samples": k, "temperature": ev.get("temperature"), "top_p": ev.get("top_p"),
                  "top_k": ev.get("top_k")}
-    trajs = cluster.score(cluster.collect_rollout(cluster.submit_rollout(evals.requests, 10**6 + step, overrides)))
+    # sleep=False: the engine keeps the weights just synced for the next step's rollout (a level-2 sleep drops them)
+    pending = cluster.submit_rollout(evals.requests, 10**6 + step, overrides)
+    trajs = cluster.score(cluster.collect_rollout(pending, sleep=False))
     tracker.save_rollouts(f"eval_step_{step:06d}", trajs)
     outcome = {d: parts[d][0] for d in evals.domains}
     return eval_metrics(trajs, k, outcome, float(ev.get("pass_threshold", 1.0)))

@@ -3,7 +3,8 @@ samples of every step, and the run's summary at the end.
 
 The same dict goes everywhere; `None` values (e.g. `kl/<domain>` for a domain whose reference was not run, or
 `reward/<domain>/mean` on a step that drew no prompt of that domain) are written as null to the jsonl and left out
-of W&B. A resumed run continues the same W&B run: its id is kept in `run_dir/wandb_run_id`.
+of W&B. A resumed run continues the same W&B run: its id is kept in `run_dir/wandb_run_id`; the charts' x-axis is
+the metric `step`, so the steps a resumed run redoes are logged again, not dropped.
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ class Tracker:
                 resume="allow",
                 id=run_id,
             )
+            # Our step is a metric and the x-axis of every chart, not W&B's own step: a resumed run redoes the steps
+            # after its checkpoint, which W&B would drop as lower than the steps it already has.
+            self.run.define_metric("step")
+            self.run.define_metric("*", step_metric="step")
         self.rollouts_dir = run_dir / "rollouts" if lcfg.get("save_rollouts", True) else None
         self.bar = None
         if lcfg.get("progress_bar", True):
@@ -96,7 +101,7 @@ class Tracker:
         with self.path.open("a") as f:
             f.write(json.dumps(clean, sort_keys=True) + "\n")
         if self.run is not None:
-            self.run.log({k: v for k, v in clean.items() if v is not None}, step=int(metrics["step"]))
+            self.run.log({k: v for k, v in clean.items() if v is not None})
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(

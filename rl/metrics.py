@@ -28,10 +28,10 @@ def zero_variance_group_frac(trajs: list[Trajectory]) -> float:
 
 
 def rollout_metrics(trajs: list[Trajectory], domain_parts: Mapping[str, list[str]] | None = None,
-                    staleness: int = 0) -> dict[str, float | None]:
+                    staleness: int = 0, agent_domains: list[str] = ()) -> dict[str, float | None]:
     """Rewards, lengths and rollout facts of the step's samples. `domain_parts` (domain -> reward part labels, from
-    the config) makes every domain's keys appear on every step, null when the step drew no prompt of it;
-    `staleness` = how many weight updates the sampling weights are behind the trained ones."""
+    the config) and `agent_domains` make every domain's keys appear on every step, null when the step drew no
+    prompt of it; `staleness` = how many weight updates the sampling weights are behind the trained ones."""
     m: dict[str, float | None] = {
         "reward/mean": _mean([t.reward for t in trajs]),
         "reward/std": float(np.std([t.reward for t in trajs])) if trajs else 0.0,
@@ -58,19 +58,29 @@ def rollout_metrics(trajs: list[Trajectory], domain_parts: Mapping[str, list[str
         m[f"response_length/{d}/mean"] = _mean([t.num_generated_tokens for t in ts]) if ts else None
         for part in sorted({*domain_parts.get(d, ()), *(p for t in ts for p in t.reward_parts)}):
             m[f"reward/{d}/{part}"] = _mean([t.reward_parts.get(part, 0.0) for t in ts]) if ts else None
-    m.update(agent_metrics(trajs))
+    m.update(agent_metrics(trajs, agent_domains))
     return m
 
 
-def agent_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+TERMINATIONS = ("submitted", "answer", "max_turns", "length")
+
+
+def agent_metrics(trajs: list[Trajectory], agent_domains: list[str] = ()) -> dict[str, float | None]:
     """Multi-turn episodes, per agent domain: turns, tool calls (per tool and status), termination reasons, generated
     vs tool tokens, tool latency, the environment verifier's success; `time/tools`: the slowest rollout worker's
-    wall time in tool calls."""
-    m: dict[str, float] = {}
+    wall time in tool calls. A domain of `agent_domains` without episodes this step gets nulls."""
+    m: dict[str, float | None] = {}
     episodes: dict[str, list[dict]] = defaultdict(list)
     for t in trajs:
         if t.episode is not None:
             episodes[t.domain].append(t.episode)
+    for d in agent_domains:
+        if d not in episodes:
+            for key in ("turns", "tool_calls", "generated_tokens", "tool_tokens", "tool_latency_s",
+                        *(f"termination/{r}" for r in TERMINATIONS)):
+                m[f"agent/{d}/{key}"] = None
+    if agent_domains:
+        m["time/tools"] = None
     for d, eps in sorted(episodes.items()):
         calls = [c for e in eps for c in e["calls"]]
         m[f"agent/{d}/turns"] = _mean([e["turns"] for e in eps])
@@ -79,7 +89,7 @@ def agent_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         m[f"agent/{d}/tool_tokens"] = _mean([e["tool_tokens"] for e in eps])
         m[f"agent/{d}/tool_latency_s"] = _mean([c["seconds"] for c in calls])
         m[f"agent/{d}/success/{eps[0]['env']}"] = _mean([float(e["outcome"].get("score") or 0.0) for e in eps])
-        for reason in ("submitted", "answer", "max_turns", "length"):
+        for reason in TERMINATIONS:
             m[f"agent/{d}/termination/{reason}"] = _mean([e["termination"] == reason for e in eps])
         for tool, status in sorted({(c["tool"], c["status"]) for c in calls}):
             m[f"agent/{d}/calls/{tool}/{status}"] = float(sum(c["tool"] == tool and c["status"] == status for c in calls))
@@ -116,7 +126,7 @@ def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int
         "opsm/masked_frac": sum(s[f"opsm_masked/{d}"] for d in domains) / max(sum(s[f"seqs/{d}"] for d in domains), 1),
     }
     for d in domains:
-        m[f"opsm/{d}/masked_frac"] = ratio(f"opsm_masked/{d}", f"seqs/{d}")
+        m[f"opsm/{d}/masked_frac"] = ratio(f"opsm_masked/{d}", f"seqs/{d}") if s[f"seqs/{d}"] else None
         # None (null in metrics.jsonl, absent in W&B) when the domain's kl_coef is 0: its reference is not run.
         m[f"kl/{d}"] = ratio(f"kl_sum/{d}", f"kl_seqs/{d}") if s[f"kl_seqs/{d}"] else None
     return m

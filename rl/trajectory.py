@@ -164,25 +164,32 @@ def collate(trajs: list[Trajectory], pad_id: int) -> TrainBatch:
         seq_index.append(torch.full((R,), i, dtype=torch.long))
     cat = lambda xs, dtype: torch.from_numpy(np.concatenate(xs).astype(dtype)) if xs else torch.empty(0)  # noqa: E731
 
+    # An empty response (an agent episode whose first prompt did not fit its window) has no positions, so no kept
+    # sets or routes to agree on: it joins a batch of either kind.
+    has = [t for t in trajs if len(t.response_ids)]
     kept_ids = kept_offsets = None
-    with_kept = [t.kept_offsets is not None for t in trajs]
+    with_kept = [t.kept_offsets is not None for t in has]
     if any(with_kept):
         # "No kept set" means the full vocabulary; a batch mixing both would need a full-vocabulary row per
         # position, so the engines record sets for all samples of a step or for none.
         if not all(with_kept):
             raise ValueError("some trajectories of a batch carry a kept set (kept_ids) and some do not")
-        kept_ids = torch.from_numpy(np.concatenate([np.asarray(t.kept_ids, dtype=np.int32) for t in trajs]))
-        lens = np.concatenate([np.diff(np.asarray(t.kept_offsets, dtype=np.int64)) for t in trajs])
+        kept = [t for t in trajs if t.kept_offsets is not None]
+        kept_ids = torch.from_numpy(np.concatenate([np.asarray(t.kept_ids, dtype=np.int32) for t in kept]))
+        lens = np.concatenate([np.diff(np.asarray(t.kept_offsets, dtype=np.int64)) for t in kept])
         kept_offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
 
     routed = route_valid = None
-    if any(t.routed_experts is not None for t in trajs):
-        if not all(t.routed_experts is not None for t in trajs):
+    with_routes = [t for t in trajs if t.routed_experts is not None]
+    if with_routes:
+        if any(t.routed_experts is None for t in has):
             raise ValueError("some trajectories of a batch carry routed_experts and some do not")
-        L, K = trajs[0].routed_experts.shape[1:]
+        L, K = with_routes[0].routed_experts.shape[1:]
         routed = torch.zeros((B, max(T - 1, 1), L, K), dtype=torch.long)
         route_valid = torch.zeros((B, max(T - 1, 1)), dtype=torch.bool)
         for i, t in enumerate(trajs):
+            if t.routed_experts is None:
+                continue
             n = t.routed_experts.shape[0]
             routed[i, :n] = torch.from_numpy(t.routed_experts.astype(np.int64))
             route_valid[i, :n] = True

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ import numpy as np
 
 from rl.trajectory import Trajectory
 from rollout.sampling import SamplingParams, decode_response
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,7 +57,28 @@ class AgentConfig:
         unknown = sorted(set(block) - known)
         if unknown:
             raise ValueError(f"unknown key {unknown[0]!r}; allowed: {sorted(known)}")
-        return cls(**dict(block))
+        values = dict(block)
+        for f in dataclasses.fields(cls):
+            if f.name not in values or f.name == "env":
+                continue
+            v, default = values[f.name], f.default
+            if isinstance(default, bool):
+                ok = isinstance(v, bool)
+            elif isinstance(default, (int, float)):
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and \
+                    (isinstance(default, float) or float(v).is_integer())
+            else:  # strings (system_prompt may be null)
+                ok = isinstance(v, str) or (v is None and default is None)
+            if not ok:
+                kind = "true or false" if isinstance(default, bool) else "a positive number" if isinstance(
+                    default, (int, float)) else "a string"
+                raise ValueError(f"{f.name}={v!r}: expected {kind}")
+            if isinstance(default, int) and not isinstance(default, bool):
+                values[f.name] = int(v)
+        if not isinstance(values.get("env"), str) or not values["env"]:
+            raise ValueError("env: name a bundled environment (smoke | search | code_interpreter | trip_planning) "
+                             "or a directory")
+        return cls(**values)
 
 
 @dataclass
@@ -141,15 +165,20 @@ class AgentRunner:
     # -- the loop ------------------------------------------------------------------------------------------
     def run(self, requests: list[dict], sp: SamplingParams) -> list[Trajectory]:
         """requests: {group_id, domain, sample (the task row), ...}; sp.n episodes per request."""
-        episodes = []
-        for req in requests:
-            task = self._tasks.get(str(req["sample"].get("id")), req["sample"])
-            for j in range(sp.n):
-                episodes.append(_Episode({**req, "task": task}, j, self.env.reset(task), self._prompt_ids(task)))
+        episodes: list[_Episode] = []
         try:
-            for ep in episodes:
-                if len(ep.prompt_ids) >= self.cfg.max_context_tokens:
-                    ep.reason = "length"
+            for req in requests:
+                task = self._tasks.get(str(req["sample"].get("id")), req["sample"])
+                prompt_ids = self._prompt_ids(task)
+                if len(prompt_ids) >= self.cfg.max_context_tokens:
+                    log.warning("agent task %s: its first prompt is %d tokens, not below max_context_tokens=%d; its "
+                                "episodes end before the first turn (raise the limit or shorten the task)",
+                                task.get("id"), len(prompt_ids), self.cfg.max_context_tokens)
+                for j in range(sp.n):
+                    # appended before anything else can fail, so that `finally` closes every session opened
+                    episodes.append(_Episode({**req, "task": task}, j, self.env.reset(task), prompt_ids))
+                    if len(prompt_ids) >= self.cfg.max_context_tokens:
+                        episodes[-1].reason = "length"
             turn = 0
             while True:
                 live = [ep for ep in episodes if ep.reason is None]
@@ -196,9 +225,7 @@ class AgentRunner:
             parsed = ep.parsed
             if not parsed.tool_calls and not parsed.errors and not self.cfg.require_submit:
                 ep.reason = "answer"
-            elif ep.turns >= self.cfg.max_turns:
-                ep.reason = "max_turns"
-            else:
+            else:  # also on the last turn: a submit there counts
                 jobs += [(ep, call) for call in parsed.tool_calls]
         t0 = time.perf_counter()
         futures = {self._pool.submit(ep.session.call, call.name, call.arguments, self.cfg.tool_timeout_s): (ep, call)
@@ -216,6 +243,9 @@ class AgentRunner:
             done = results.get(id(ep), [])
             if any(res.final for _, res in done):
                 ep.reason = "submitted"
+                continue
+            if ep.turns >= self.cfg.max_turns:  # the last turn's results are not shown: no turn follows
+                ep.reason = "max_turns"
                 continue
             limit = self.cfg.max_tool_output_tokens
             items = [(call, self._fit(res.content, limit)) for call, res in done]

@@ -55,6 +55,20 @@ def default_num_logprobs(top_k: int) -> int:
     return int(top_k) + 1 if top_k and top_k > 0 else 64
 
 
+def _per_prompt(vsp, n_prompts: int):
+    """A seeded call (`rollout.per_request_seed`) gives prompt i the seed seed + i * 1_000_003, so equal prompts in
+    one call (the first turns of an agent task's episodes) still draw different samples; vLLM itself offsets the
+    seed of each of a request's n samples."""
+    if vsp.seed is None or n_prompts == 1:
+        return vsp
+    params = []
+    for i in range(n_prompts):
+        p = vsp.clone()
+        p.seed = (vsp.seed + i * 1_000_003) % (2**63)
+        params.append(p)
+    return params
+
+
 @dataclass
 class _Capture:
     inference_logprobs: np.ndarray  # float32 [R]
@@ -248,16 +262,17 @@ class VLLMEngine:
 
             self.llm.collective_rpc(start_rpc, args=(self.max_logprobs if want_mask else 0, self.overflow_ids))
             try:
-                outputs = self.llm.generate(self._prompts(prompts), vsp, use_tqdm=False)
+                outputs = self.llm.generate(self._prompts(prompts), _per_prompt(vsp, len(prompts)), use_tqdm=False)
             finally:  # always stop recording (the driver rank's result is the one that is not None)
                 t_collect = time.perf_counter()
-                rows = next(r for r in self.llm.collective_rpc(collect_rpc) if r is not None)
+                rows = next((r for r in self.llm.collective_rpc(collect_rpc) if r is not None),
+                            {"error": "no vLLM worker returned the recorded rows"})
                 self.last_collect_seconds = time.perf_counter() - t_collect
             if "error" in rows:
                 raise RuntimeError(f"rollout.capture=sampler failed inside vLLM ({rows['error']}); set "
                                    "rollout.capture=logprobs to take vLLM's logprobs output instead")
         else:
-            outputs = self.llm.generate(self._prompts(prompts), vsp, use_tqdm=False)
+            outputs = self.llm.generate(self._prompts(prompts), _per_prompt(vsp, len(prompts)), use_tqdm=False)
         t0 = time.perf_counter()
         comps = [sorted(req.outputs, key=lambda c: c.index) for req in outputs]
         if hook:

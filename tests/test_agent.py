@@ -6,6 +6,8 @@ which answers with given texts so that the tool-call paths (a call, a bad call, 
 overflow) run deterministically; it returns real token ids of the real tokenizer, nothing else is replaced.
 """
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -103,6 +105,23 @@ def test_context_and_turn_budgets_end_the_episode(tok):
     assert t.episode["termination"] == "length" and t.finish_reason == "length"
     assert all(len(p) < runner.cfg.max_context_tokens for call in engine.calls for p in call)  # nothing over the window
     assert len(t.prompt_ids) + t.num_response_tokens <= runner.cfg.max_context_tokens
+
+
+def test_a_submit_on_the_last_turn_counts(tok):
+    (t,) = _runner(ScriptedEngine(tok, [LOOKUP, SUBMIT]), tok, max_turns=2).run([_request()], SP)
+    assert t.episode["termination"] == "submitted" and t.episode["outcome"]["score"] == 1.0
+    # a last turn without submit: its calls ran, but no results follow it (no turn would read them)
+    (t,) = _runner(ScriptedEngine(tok, [LOOKUP] * 3), tok, max_turns=2).run([_request()], SP)
+    assert t.episode["termination"] == "max_turns" and [c["tool"] for c in t.episode["calls"]] == ["lookup"] * 2
+    assert bool(t.generated[-1])
+
+
+def test_a_first_prompt_over_the_window_ends_the_episode_with_a_warning(tok, caplog):
+    engine = ScriptedEngine(tok, [LOOKUP])
+    with caplog.at_level(logging.WARNING):
+        trajs = _runner(engine, tok, max_context_tokens=32).run([_request()], SamplingParams(n=2, max_new_tokens=8))
+    assert [t.episode["termination"] for t in trajs] == ["length", "length"] and engine.calls == []
+    assert all(t.num_response_tokens == 0 for t in trajs) and "max_context_tokens=32" in caplog.text
 
 
 def runner_prompt(tok):
@@ -211,5 +230,12 @@ def test_filter_tasks_runs_k_episodes_per_task(tmp_path):
     report = [json.loads(x) for x in (tmp_path / "report.jsonl").read_text().splitlines()]
     assert [r["id"] for r in report] == [f"smoke-{i}" for i in range(5)] and all(r["k"] == 2 for r in report)
     assert (tmp_path / "kept.jsonl").read_text() == "" and "pass@2: 0/5" in proc.stderr
+    # k = 1 and a threshold every episode meets: every task is kept, as the environment's own row (all columns)
+    one = subprocess.run(cmd[:4] + ["--k", "1", "--threshold", "0"] + cmd[6:], cwd=root, capture_output=True,
+                         text=True, timeout=600)
+    assert one.returncode == 0 and "pass@1: 5/5" in one.stderr, one.stderr[-3000:]
+    env_rows = (root / "rollout" / "envs" / "smoke" / "tasks.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in (tmp_path / "kept.jsonl").read_text().splitlines()] == \
+        [json.loads(x) for x in env_rows if x.strip()]
     bad = subprocess.run(cmd[:3] + ["math"] + cmd[4:], cwd=root, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "not an agent domain" in bad.stderr

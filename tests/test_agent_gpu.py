@@ -42,3 +42,20 @@ def test_three_turn_episodes_on_vllm_are_exact(tmp_path):
     print(f"\nvLLM multi-turn, fp32: max |dlogp| {float(diff.max()):.2e}, mean {float(diff.mean()):.2e}, "
           f"route mismatch {replay.mismatch_frac:.4f}")
     assert float(diff.mean()) < 1e-3 and replay.total_count > 0 and replay.mismatch_frac < 0.01
+
+
+def test_seeded_episodes_of_a_task_differ_and_repeat(tmp_path):
+    """rollout.per_request_seed: the n episodes of a task start from one prompt in one engine call, so each prompt
+    of the call needs its own seed; the same seed gives the same episodes again."""
+    from rollout.vllm_engine import VLLMEngine
+
+    path = build_model(tmp_path / "moe", MOE_SMALL)
+    engine = VLLMEngine(path, dtype="float32", gpu_memory_utilization=0.3, enforce_eager=True, per_request_seed=True)
+    runner = AgentRunner(engine, engine.tokenizer, AgentConfig(env="smoke", max_turns=2, max_context_tokens=3000))
+    requests = [{"group_id": "g", "domain": "agent", "prompt_ids": [], "prompt_text": "",
+                 "sample": {"id": "smoke-0", "prompt": ""}}]
+    sp = SamplingParams(n=4, temperature=1.0, top_p=1.0, max_new_tokens=32, seed=1234)
+    first = [t.response_ids.tolist() for t in runner.run(requests, sp)]
+    again = [t.response_ids.tolist() for t in runner.run(requests, sp)]
+    assert len({tuple(r) for r in first}) == 4, first
+    assert first == again

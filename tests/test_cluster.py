@@ -57,6 +57,13 @@ def test_dead_rollout_worker_is_replaced_and_resynced(ray_local, tiny_dense_path
     assert [t.response_ids.tolist() for t in after] == [t.response_ids.tolist() for t in before]
     uniform = -torch.log(torch.tensor(float(len(tok)))).item()
     assert all(abs(float(lp) - uniform) < 1e-4 for t in after for lp in t.inference_logprobs)
+    # Two calls in flight (rollout.max_staleness > 0) on a worker that dies: the first collect replaces it, the
+    # second retries on that replacement instead of replacing (killing) it again.
+    ray.kill(pool.actors[0])
+    first, second = pool.submit("generate", reqs, 2), pool.submit("generate", reqs, 3)
+    assert len(first.collect()) == len(before)
+    replacement = pool.actors[0]
+    assert len(second.collect()) == len(before) and pool.actors[0] is replacement
 
 
 def test_a_worker_that_keeps_timing_out_ends_with_a_clear_error(ray_local, tiny_dense_path):
@@ -68,7 +75,7 @@ def test_a_worker_that_keeps_timing_out_ends_with_a_clear_error(ray_local, tiny_
     pool.wait_ready()
     first = pool.actors[0]
     reqs = [{"group_id": "g", "domain": "digits", "prompt_ids": [1, 2, 3], "prompt_text": "", "sample": {}}]
-    with pytest.raises(RuntimeError, match=r"rollout worker 0: generate exceeded 0.01s twice"):
+    with pytest.raises(RuntimeError, match=r"rollout worker 0: generate failed twice \(last: exceeded 0.01s\)"):
         pool.map("generate", reqs, 1)
     assert pool.actors[0] is not first  # the hung worker was replaced (and killed), not waited on
 

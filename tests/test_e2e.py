@@ -51,6 +51,9 @@ def test_mixed_rl_embedded_default(tmp_path):
         if r["samples/agent"]:  # multi-turn episodes against the smoke environment
             assert r["agent/agent/turns"] >= 1 and r["agent/agent/tool_tokens"] > 0 and "time/tools" in r
             assert abs(sum(r[f"agent/agent/termination/{x}"] for x in ("submitted", "answer", "max_turns", "length")) - 1) < 1e-9
+        else:
+            assert r["agent/agent/turns"] is None and r["time/tools"] is None
+        assert (r["opsm/agent/masked_frac"] is None) == (r["samples/agent"] == 0)
     # held-out eval every 6 steps on math and logic (rl/bundled/eval/)
     for r in rows:
         evaluated = r["step"] in (6, 12)
@@ -116,6 +119,8 @@ def test_two_zero3_ranks_compute_the_same_update_as_one(tmp_path):
     assert one["reward/mean"] == two["reward/mean"]  # same samples (same weights, same seeds)
     assert abs(one["loss/pg"] - two["loss/pg"]) < 1e-5
     assert abs(one["grad_norm"] - two["grad_norm"]) < 1e-4 * max(one["grad_norm"], 1e-8)
+    state = tmp_path / "two" / "checkpoints" / "step_000001" / "deepspeed" / "state"
+    assert (state / "rng_rank0.pt").exists() and (state / "rng_rank1.pt").exists()  # every rank's RNG is kept
 
 
 @pytest.mark.slow

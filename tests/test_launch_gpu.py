@@ -33,7 +33,8 @@ COMMON = [
 ]
 PLACEMENTS = {
     # one GPU: worker + trainer rank (0.4 each), reference and judge (0.1 each) in the run's placement group
-    "colocated": ["rollout.placement=colocated", "rollout.num_gpus=0.4", "trainer.num_gpus=0.4",
+    # (eval.every=1: the held-out eval runs after each sync, and the next step must still find vLLM's weights awake)
+    "colocated": ["rollout.placement=colocated", "eval.every=1", "rollout.num_gpus=0.4", "trainer.num_gpus=0.4",
                   "trainer.ref_num_gpus=0.1", "rewards.judge.num_gpus=0.1", "rollout.gpu_memory_utilization=0.25"],
     # two GPUs, two trainer ranks, one worker on each rank's GPU (rank 0 sends both workers the IPC handles)
     "colocated-2gpu": ["rollout.placement=colocated", "rollout.num_gpus=0.4", "trainer.num_gpus=0.4",
@@ -62,9 +63,9 @@ def test_launch_train_on_vllm(placement, model_path, tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-8000:])
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    keys = ["reward/mean", "mismatch/logprob_abs", "mismatch/routing_frac", "rollout/mask_truncated_frac",
+    keys = ["reward/mean", "mismatch/logprob_abs", "mismatch/routing_frac", "response_length/truncated_frac",
             "opsm/masked_frac", "kl/logic", "reward/general/rubric_judge", "time/rollout", "time/train", "time/sync",
-            "time/step", "throughput/rollout_tokens_per_s"]
+            "time/step", "throughput/rollout_tokens_per_s", "perf/train_tflops_per_gpu", "perf/mfu"]
     for r in rows:
         print(f"[{placement}] step {r['step']}: " + ", ".join(f"{k}={r.get(k)}" for k in keys))
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
@@ -77,4 +78,6 @@ def test_launch_train_on_vllm(placement, model_path, tmp_path):
     # the judge scored the general prompts, and the KL domains have a reference
     assert any(r.get("reward/general/rubric_judge") is not None for r in rows)
     assert any(r.get("kl/logic") is not None for r in rows)
+    if "eval.every=1" in PLACEMENTS[placement]:
+        assert all(any(k.startswith("eval/") for k in r) for r in rows), rows
     assert (run_dir / "checkpoints" / f"step_{STEPS:06d}" / "COMPLETE").exists()

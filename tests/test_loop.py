@@ -64,6 +64,21 @@ def test_collate_rejects_mixed_masks_and_trajectory_checks_csr():
         _traj("d", "g", 0.0, loss_mask=np.array([1]))
 
 
+def test_an_empty_response_joins_a_batch_with_kept_sets_and_routes():
+    """An agent episode whose first prompt did not fit its window has no response and so nothing to replay."""
+    routes = np.arange(3 * 2 * 1).reshape(3, 2, 1)  # P + R - 1 rows, 2 layers, top-1
+    full = _traj("a", "g", 1.0, kept_ids=np.array([3, 7, 4], dtype=np.int32), kept_offsets=np.array([0, 2, 3]),
+                 routed_experts=routes)
+    empty = Trajectory(uid="b", group_id="g", domain="math", prompt_ids=[1, 2, 5], response_ids=[],
+                       inference_logprobs=[])
+    batch = collate([full, empty], pad_id=0)
+    assert batch.kept_offsets.tolist() == [0, 2, 3] and batch.targets.tolist() == [3, 4]
+    assert batch.route_valid.tolist() == [[True, True, True], [False, False, False]]
+    with pytest.raises(ValueError, match="routed_experts"):
+        collate([full, _traj("c", "g", 0.0, kept_ids=np.array([3, 4], dtype=np.int32),
+                             kept_offsets=np.array([0, 1, 2]))], pad_id=0)
+
+
 @pytest.mark.parametrize(
     "override, key",
     [

@@ -18,7 +18,7 @@ from launch.tracking import json_line
 from rewards.compose import RewardComposer
 from rl.config import ConfigError
 from rl.data import load_domain_rows
-from rl.metrics import eval_metrics, rollout_metrics
+from rl.metrics import eval_metrics, rollout_metrics, trainer_metrics
 from rl.trajectory import Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,6 +78,12 @@ def test_a_run_dir_holds_one_run(tmp_path):
     ("+rewards.exact_match.bogus=1", r"rewards\.exact_match\.bogus: unknown key"),
     ("+domains.logic.rewards=[{name: no_such_module.fn}]", r"domains\.logic\.rewards\[0\].*no_such_module"),
     ("eval.n_samples=0", r"eval\.n_samples"),
+    ("rollout.max_staleness=2", r"rollout\.max_staleness=2: use 0 .* or 1"),
+    ("domains.agent.agent.max_turns=two", r"domains\.agent\.agent: max_turns='two': expected a positive number"),
+    ("domains.agent.agent.max_turns=2.5", r"domains\.agent\.agent: max_turns=2\.5"),
+    ("domains.agent.agent.thinking=3", r"domains\.agent\.agent: thinking=3: expected true or false"),
+    ("domains.agent.agent.tool_workers=0", r"domains\.agent\.agent: tool_workers=0"),
+    ("domains.agent.agent.system_prompt=[a]", r"domains\.agent\.agent: system_prompt=\['a'\]: expected a string"),
 ])
 def test_config_mistakes_name_the_key(override, match):
     with pytest.raises(ConfigError, match=match):
@@ -143,8 +149,12 @@ def test_bad_dataset_files_name_the_file_and_line(tmp_path):
 def test_every_domain_is_logged_every_step_and_dead_groups_are_counted():
     trajs = [_traj("a", "g1", 1.0, parts={"math": 1.0}), _traj("b", "g1", 0.0, parts={"math": 0.0}),
              _traj("c", "g2", 0.5), _traj("d", "g2", 0.5), _traj("e", "g3", 0.0), _traj("f", "g3", 1.0, failed=True)]
-    m = rollout_metrics(trajs, {"math": ["math", "length"], "code": ["code"]})
+    m = rollout_metrics(trajs, {"math": ["math", "length"], "code": ["code"], "agent": ["env_verifier"]},
+                        agent_domains=["agent"])
     assert m["samples/code"] == 0.0 and m["reward/code/mean"] is None and m["reward/code/code"] is None
+    assert m["agent/agent/turns"] is None and m["agent/agent/termination/submitted"] is None and m["time/tools"] is None
+    t = trainer_metrics([{"seqs/math": 4.0, "opsm_masked/math": 1.0, "tokens": 8.0}], ["math", "code"], 1)
+    assert t["opsm/math/masked_frac"] == 0.25 and t["opsm/code/masked_frac"] is None
     assert m["reward/math/mean"] == pytest.approx(3.0 / 6) and m["reward/math/length"] == 0.0
     # g2 (0.5, 0.5) and g3 (one scored sample) carry no signal, g1 does
     assert m["advantage/zero_variance_group_frac"] == pytest.approx(2 / 3)
@@ -251,3 +261,33 @@ def test_softcapped_logits_are_refused_at_start(tmp_path):
 
     with pytest.raises(ConfigError, match="final_logit_softcapping=30.0"):
         check_logit_processing(_tiny(tmp_path, "gemma2", final_logit_softcapping=30.0))
+
+
+def test_eval_without_an_eval_dataset_is_warned_and_off(tiny_moe_path, caplog):
+    from launch.loop import held_out_prompts
+    from rl.models import load_tokenizer
+
+    cfg = compose(["+experiment=mixed_rl"])
+    tok, data = load_tokenizer(tiny_moe_path), dict(max_prompt_tokens=512)
+    assert sorted(held_out_prompts(cfg["eval"], cfg["domains"], tok, data).domains) == ["logic", "math"]
+    assert held_out_prompts({**cfg["eval"], "every": 0}, cfg["domains"], tok, data) is None
+    for spec in cfg["domains"].values():
+        spec.pop("eval_dataset", None)
+    with caplog.at_level(logging.WARNING):
+        assert held_out_prompts(cfg["eval"], cfg["domains"], tok, data) is None
+    assert "no domain has an eval_dataset" in caplog.text
+
+
+def test_wandb_keeps_the_steps_a_resumed_run_redoes(tmp_path, monkeypatch):
+    """The run died at step 5 after a checkpoint at step 3: the resumed run logs steps 4 and 5 again; W&B's own step
+    would drop them as lower than 5, so the charts' x-axis is the `step` metric instead."""
+    from launch.tracking import Tracker
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = {"logger": {"mode": "offline", "project": "t", "progress_bar": False, "save_rollouts": False}}
+    tracker = Tracker(cfg, tmp_path, total_steps=6, start_step=0, resume=False)
+    for step in (1, 2, 3, 4, 5, 4, 5):
+        tracker.log({"step": step, "reward/mean": 0.1 * step})
+    assert tracker.run.step == 7  # seven rows in W&B's history, none dropped
+    tracker.close()

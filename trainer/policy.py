@@ -206,18 +206,22 @@ class PolicyTrainer:
         if self.rank == 0:
             self.model.save_pretrained(path / "hf", state_dict=state)
             self.tokenizer.save_pretrained(path / "hf")
-        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-        self.engine.save_checkpoint(
-            str(path / "deepspeed"), tag="state", client_state={"mixrl": client_state, f"rng_rank{self.rank}": rng}
-        )
+        self.engine.save_checkpoint(str(path / "deepspeed"), tag="state", client_state={"mixrl": client_state})
+        # Every rank's RNG in its own file: DeepSpeed writes client_state from one rank only.
+        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+               "cuda": torch.cuda.get_rng_state() if str(self.device).startswith("cuda") else None}
+        torch.save(rng, path / "deepspeed" / "state" / f"rng_rank{self.rank}.pt")
 
     def load(self, ckpt_dir: str) -> dict:
         _, client_state = self.engine.load_checkpoint(
             str(Path(ckpt_dir) / "deepspeed"), tag="state", load_optimizer_states=True, load_lr_scheduler_states=True
         )
-        rng = client_state.pop(f"rng_rank{self.rank}", None)
-        if rng is not None:
+        rng_file = Path(ckpt_dir) / "deepspeed" / "state" / f"rng_rank{self.rank}.pt"
+        if rng_file.exists():  # a checkpoint saved with another number of ranks has none for the new ones
+            rng = torch.load(rng_file, weights_only=False)
             torch.set_rng_state(rng["torch"])
             np.random.set_state(rng["numpy"])
             random.setstate(rng["python"])
+            if rng.get("cuda") is not None and str(self.device).startswith("cuda"):
+                torch.cuda.set_rng_state(rng["cuda"])
         return client_state.get("mixrl", {})

@@ -15,13 +15,23 @@ os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 from launch.testbed import MOE_SMALL, build_model  # noqa: E402
 from rl.models import load_causal_lm  # noqa: E402
-from rl.trajectory import collate  # noqa: E402
+from rl.trajectory import Trajectory, collate  # noqa: E402
 from rollout.agent import AgentConfig, AgentRunner  # noqa: E402
 from rollout.sampling import SamplingParams  # noqa: E402
 from trainer.forward import forward_logprobs, route_replay  # noqa: E402
 
 
+def _diff(model, trajs, pad_id):
+    batch = collate(trajs, pad_id).to("cuda")
+    with torch.no_grad(), route_replay(model, batch, True) as replay:
+        out = forward_logprobs(model, batch, temperature=1.0)
+    return (out.logprobs - batch.inference_logprobs).abs()[batch.loss_mask > 0], replay
+
+
 def test_three_turn_episodes_on_vllm_are_exact(tmp_path):
+    """Stitching adds no error: the trainer-vs-vLLM gap over 3-turn episodes is the gap of plain single-turn
+    generations from the same prompts (vLLM's fp32 MoE kernels multiply in TF32, so neither is ~1e-6); a token
+    misaligned by the stitching would differ by nats, not thousandths."""
     from rollout.vllm_engine import VLLMEngine
 
     path = build_model(tmp_path / "moe", MOE_SMALL)
@@ -30,18 +40,24 @@ def test_three_turn_episodes_on_vllm_are_exact(tmp_path):
     runner = AgentRunner(engine, engine.tokenizer, AgentConfig(env="smoke", max_turns=3, max_context_tokens=3000))
     requests = [{"group_id": f"g{i}", "domain": "agent", "prompt_ids": [], "prompt_text": "",
                  "sample": {"id": f"smoke-{i}", "prompt": ""}} for i in range(4)]
-    trajs = runner.run(requests, SamplingParams(n=2, temperature=1.0, top_p=0.9, max_new_tokens=32, seed=None))
+    sp = SamplingParams(n=2, temperature=1.0, top_p=0.9, max_new_tokens=32, seed=None)
+    trajs = runner.run(requests, sp)
     assert len(trajs) == 8 and all(t.episode["turns"] == 3 for t in trajs)
     for t in trajs:
         assert t.routed_experts.shape[0] == len(t.prompt_ids) + t.num_response_tokens - 1 and t.kept_set_cut == 0
+    prompts = [t.prompt_ids.tolist() for t in trajs[::2]]
+    single = [Trajectory(uid=f"s{i}-{j}", group_id=f"s{i}", domain="agent", prompt_ids=p, response_ids=g.response_ids,
+                         inference_logprobs=g.inference_logprobs, kept_ids=g.kept_ids, kept_offsets=g.kept_offsets,
+                         routed_experts=g.routed_experts)
+              for i, (p, gs) in enumerate(zip(prompts, engine.generate(prompts, sp))) for j, g in enumerate(gs)]
     model = load_causal_lm(path, "float32", "sdpa", "cuda").eval()
-    batch = collate(trajs, engine.tokenizer.pad_token_id).to("cuda")
-    with torch.no_grad(), route_replay(model, batch, True) as replay:
-        out = forward_logprobs(model, batch, temperature=1.0)
-    diff = (out.logprobs - batch.inference_logprobs).abs()[batch.loss_mask > 0]
-    print(f"\nvLLM multi-turn, fp32: max |dlogp| {float(diff.max()):.2e}, mean {float(diff.mean()):.2e}, "
-          f"route mismatch {replay.mismatch_frac:.4f}")
-    assert float(diff.mean()) < 1e-3 and replay.total_count > 0 and replay.mismatch_frac < 0.01
+    multi, replay = _diff(model, trajs, engine.tokenizer.pad_token_id)
+    base, _ = _diff(model, single, engine.tokenizer.pad_token_id)
+    print(f"\nvLLM multi-turn, fp32: mean |dlogp| {float(multi.mean()):.2e} (max {float(multi.max()):.2e}) over "
+          f"{multi.numel()} tokens; single-turn from the same prompts {float(base.mean()):.2e} (max "
+          f"{float(base.max()):.2e}); route mismatch {replay.mismatch_frac:.4f}")
+    assert replay.total_count > 0 and replay.mismatch_frac < 0.01
+    assert float(multi.mean()) < 2 * float(base.mean()) + 1e-4 and float(multi.max()) < 0.05
 
 
 def test_seeded_episodes_of_a_task_differ_and_repeat(tmp_path):

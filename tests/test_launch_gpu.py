@@ -29,7 +29,7 @@ STEPS = 3
 COMMON = [
     "+experiment=mixed_rl", "rollout=vllm", "model.dtype=bfloat16", "trainer.device=cuda",
     f"trainer.total_steps={STEPS}", "trainer.save_every=0", "rollout.top_k=32", "rollout.max_new_tokens=64",
-    "rollout.enforce_eager=true", "trainer.lr=1e-3", "rewards.judge.gpu_memory_utilization=0.1", "logger.progress_bar=false",
+    "rollout.enforce_eager=true", "trainer.lr=1e-3", "domains.general.weight=0.6",  # so the judge gets prompts "rewards.judge.gpu_memory_utilization=0.1", "logger.progress_bar=false",
 ]
 PLACEMENTS = {
     # one GPU: worker + trainer rank (0.4 each), reference and judge (0.1 each) in the run's placement group
@@ -76,7 +76,8 @@ def test_launch_train_on_vllm(placement, model_path, tmp_path):
         assert r["mismatch/routing_frac"] < 0.1, r
         assert r["time/sync"] > 0 and r["response_length/mean"] > 0
     # the judge scored the general prompts, and the KL domains have a reference
-    assert any(r.get("reward/general/rubric_judge") is not None for r in rows)
+    assert all((r.get("reward/general/rubric_judge") is not None) == (r["samples/general"] > 0) for r in rows)
+    assert any(r["samples/general"] > 0 for r in rows)
     assert any(r.get("kl/logic") is not None for r in rows)
     if "eval.every=1" in PLACEMENTS[placement]:
         assert all(any(k.startswith("eval/") for k in r) for r in rows), rows

@@ -35,9 +35,28 @@ def minibatch_norm(minibatch: list[Trajectory]) -> tuple[int, int]:
     return len(minibatch), int(sum(t.loss_mask_or_ones().sum() for t in minibatch))
 
 
-def micro_batches(trajs: list[Trajectory], n: int) -> list[list[Trajectory]]:
-    """A rank's share of a mini-batch cut into at most `n` micro-batches (gradient accumulation)."""
-    return [part for part in split_even(trajs, n) if part]
+def micro_batches(trajs: list[Trajectory], n: int, layout: str | None = None) -> list[list[Trajectory]]:
+    """A rank's share of a mini-batch cut into at most `n` micro-batches (gradient accumulation); the loss of each
+    is normalised by the whole mini-batch, so how the samples are grouped changes the cost, never the update.
+
+    layout None: in order, `split_even`. "padded": samples of similar length together (sorted by length, then
+    `split_even`), so each micro-batch pads to less. "packed" (`collate(packed=True)`): near-equal token totals
+    (longest first onto the lightest micro-batch), so no micro-batch is much longer than the others."""
+    if layout is None:
+        return [part for part in split_even(trajs, n) if part]
+    size = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
+    order = sorted(range(len(trajs)), key=lambda i: (-size[i], i))
+    if layout == "padded":
+        return [part for part in split_even([trajs[i] for i in order], n) if part]
+    if layout != "packed":
+        raise ValueError(f"layout must be None, 'padded' or 'packed', got {layout!r}")
+    bins: list[list[int]] = [[] for _ in range(min(n, len(trajs)))]
+    totals = [0] * len(bins)
+    for i in order:
+        b = min(range(len(bins)), key=lambda k: (totals[k], len(bins[k])))
+        bins[b].append(i)
+        totals[b] += size[i]
+    return [[trajs[i] for i in sorted(b)] for b in bins if b]
 
 
 def micro_batches_per_minibatch(cfg: Mapping, world_size: int) -> int:

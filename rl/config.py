@@ -113,6 +113,8 @@ def validate(cfg: Mapping) -> None:
     check_number(t, "grad_clip", "trainer", lo=0)
     check_number(t, "lr", "trainer", lo=0)
     check_choice(t, "zero_stage", "trainer", {0, 1, 2, 3})
+    if "pack_sequences" in t:
+        check_choice(t, "pack_sequences", "trainer", AUTO_BOOL)
     check_number(a, "clip_eps_low", "algorithm", lo=0, hi=1)
     check_number(a, "clip_eps_high", "algorithm", lo=0)
     check_choice(a, "loss_aggregation", "algorithm", set(AGGREGATIONS))
@@ -175,6 +177,16 @@ def resolve_auto(cfg: dict, is_moe: bool) -> dict:
     if a["keep_routing"] and not is_moe:
         raise ConfigError("algorithm.keep_routing=true but the policy is not a mixture-of-experts model")
     return cfg
+
+
+def pack_sequences(cfg: Mapping) -> bool:
+    """`trainer.pack_sequences`: auto packs with flash-attention, whose varlen kernels cost what the samples cost.
+    With sdpa/eager a packed row gets a block-diagonal mask over its whole length, which costs more attention than
+    padding, so auto leaves it off there (true still packs: exact either way)."""
+    setting = cfg["trainer"].get("pack_sequences", "auto")
+    if setting == "auto":
+        return str(cfg["model"].get("attn_implementation") or "").startswith("flash_attention")
+    return bool(setting)
 
 
 def logprob_temperature(rcfg: dict) -> float:

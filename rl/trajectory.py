@@ -112,13 +112,16 @@ class Trajectory:
 
 @dataclass
 class TrainBatch:
-    """Padded tensors for one micro-batch; built by `collate`, consumed by the trainer.
+    """The tensors of one micro-batch; built by `collate`, consumed by the trainer.
 
     B = number of samples, T = longest prompt+response, N = total number of response tokens (flattened).
+    Packed (`collate(..., packed=True)`): one row of all samples back to back, T = their total length, no padding;
+    `position_ids` restart at 0 for each sample and `attention_mask` is None, from which transformers attends
+    within each sample only (flash-attn: varlen kernels; sdpa/eager: a block-diagonal mask).
     """
 
-    input_ids: torch.Tensor  # long [B, T], right padded with pad_id
-    attention_mask: torch.Tensor  # long [B, T]
+    input_ids: torch.Tensor  # long [B, T], right padded with pad_id; packed: [1, T]
+    attention_mask: torch.Tensor | None  # long [B, T]; packed: None
     # Flat view of the response positions (sample order, then position order):
     logit_index: torch.Tensor  # long [N]; index into the [B*T] flattened hidden states predicting each token
     targets: torch.Tensor  # long [N]; the sampled token ids
@@ -130,10 +133,11 @@ class TrainBatch:
     opsm_delta: torch.Tensor  # float [B]; +inf where OPSM is off for the sample's domain
     kept_ids: torch.Tensor | None  # int32 [M] concatenated kept sets, or None when no sample has one
     kept_offsets: torch.Tensor | None  # long [N + 1]
-    routed_experts: torch.Tensor | None  # long [B, T-1, L, K] (rows beyond a sample's length are 0)
-    route_valid: torch.Tensor | None  # bool [B, T-1]; False where no route was recorded (padding)
+    routed_experts: torch.Tensor | None  # long [B, T-1, L, K] (rows beyond a sample's length are 0); packed [1, T]
+    route_valid: torch.Tensor | None  # bool [B, T-1]; False where no route was recorded (padding, a sample's end)
     num_seqs: int
     domains: list[str]
+    position_ids: torch.Tensor | None = None  # long [1, T], packed only
     ref_logprobs: torch.Tensor | None = None  # float [N]; reference logprobs (0 for samples with kl_coef == 0)
     # float [N]; pi_old recomputed by the trainer before its first update (algorithm.old_logprobs=trainer), else
     # None: pi_old is the engine's inference_logprobs
@@ -146,21 +150,34 @@ class TrainBatch:
         return self
 
 
-def collate(trajs: list[Trajectory], pad_id: int) -> TrainBatch:
-    """Right-pad a list of trajectories into a `TrainBatch` (see the alignment convention above)."""
+def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> TrainBatch:
+    """Right-pad a list of trajectories into a `TrainBatch` (see the alignment convention above), or with
+    `packed` put them back to back in one row (no padding; see `TrainBatch`)."""
     if not trajs:
         raise ValueError("collate needs at least one trajectory")
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
-    B, T = len(trajs), max(lengths)
-    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((B, T), dtype=torch.long)
+    B = len(trajs)
+    # where each sample starts in the flattened [rows * T] layout
+    if packed:
+        T = int(sum(lengths))
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    else:
+        T = max(lengths)
+        starts = np.arange(B, dtype=np.int64) * T
+    rows = 1 if packed else B
+    input_ids = torch.full((rows, T), pad_id, dtype=torch.long)
+    attention_mask = None if packed else torch.zeros((B, T), dtype=torch.long)
+    position_ids = torch.from_numpy(np.concatenate([np.arange(n) for n in lengths]))[None] if packed else None
+    flat_ids = input_ids.view(-1)
     logit_index, seq_index = [], []
     for i, t in enumerate(trajs):
         ids = np.concatenate([t.prompt_ids, t.response_ids])
-        input_ids[i, : len(ids)] = torch.from_numpy(ids.astype(np.int64))
-        attention_mask[i, : len(ids)] = 1
+        a = int(starts[i])
+        flat_ids[a : a + len(ids)] = torch.from_numpy(ids.astype(np.int64))
+        if attention_mask is not None:
+            attention_mask[i, : len(ids)] = 1
         P, R = len(t.prompt_ids), len(t.response_ids)
-        logit_index.append(torch.arange(P - 1, P + R - 1) + i * T)
+        logit_index.append(torch.arange(P - 1, P + R - 1) + a)
         seq_index.append(torch.full((R,), i, dtype=torch.long))
     cat = lambda xs, dtype: torch.from_numpy(np.concatenate(xs).astype(dtype)) if xs else torch.empty(0)  # noqa: E731
 
@@ -185,14 +202,16 @@ def collate(trajs: list[Trajectory], pad_id: int) -> TrainBatch:
         if any(t.routed_experts is None for t in has):
             raise ValueError("some trajectories of a batch carry routed_experts and some do not")
         L, K = with_routes[0].routed_experts.shape[1:]
-        routed = torch.zeros((B, max(T - 1, 1), L, K), dtype=torch.long)
-        route_valid = torch.zeros((B, max(T - 1, 1)), dtype=torch.bool)
+        width = T if packed else max(T - 1, 1)
+        routed = torch.zeros((rows, width, L, K), dtype=torch.long)
+        route_valid = torch.zeros((rows, width), dtype=torch.bool)
+        flat_routes, flat_valid = routed.view(rows * width, L, K), route_valid.view(-1)
         for i, t in enumerate(trajs):
             if t.routed_experts is None:
                 continue
-            n = t.routed_experts.shape[0]
-            routed[i, :n] = torch.from_numpy(t.routed_experts.astype(np.int64))
-            route_valid[i, :n] = True
+            n, a = t.routed_experts.shape[0], (int(starts[i]) if packed else i * width)
+            flat_routes[a : a + n] = torch.from_numpy(t.routed_experts.astype(np.int64))
+            flat_valid[a : a + n] = True
 
     return TrainBatch(
         input_ids=input_ids,
@@ -213,6 +232,7 @@ def collate(trajs: list[Trajectory], pad_id: int) -> TrainBatch:
         route_valid=route_valid,
         num_seqs=B,
         domains=[t.domain for t in trajs],
+        position_ids=position_ids,
         ref_logprobs=(
             cat([t.ref_logprobs if t.ref_logprobs is not None else np.zeros(len(t.response_ids)) for t in trajs], np.float32)
             if any(t.ref_logprobs is not None for t in trajs)

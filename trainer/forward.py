@@ -114,7 +114,11 @@ def forward_logprobs(
     fp32_head (`model.fp32_lm_head`): the LM head's matmul in float32 instead of the model's dtype, as the engine
     then does too, so bf16 rounding of the logits no longer separates the two (the softmax is float32 anyway)."""
     body, head = split_head(model)
-    hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    if batch.position_ids is not None:  # packed: attention stays within each sample (see TrainBatch); transformers
+        # detects the packing only without a KV cache (use_cache=False)
+        hidden = body(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).last_hidden_state
+    else:
+        hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
     hidden = hidden.reshape(-1, hidden.shape[-1])[batch.logit_index]
     weight, bias = head.weight, getattr(head, "bias", None)
     if fp32_head and hidden.dtype in (torch.bfloat16, torch.float16):

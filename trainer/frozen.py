@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rl.config import logprob_temperature
+from rl.config import logprob_temperature, pack_sequences
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
 from trainer.dist import pick_device
@@ -35,6 +35,7 @@ class FrozenModel:
         self.temperature = logprob_temperature(cfg["rollout"]) / logit_scale(self.model)
         acfg = cfg["algorithm"]
         self.replay_routes = bool(acfg["keep_routing"]) and bool(acfg["ref_keep_routing"])
+        self.packed = pack_sequences(cfg)
 
     def ready(self) -> bool:
         return True
@@ -44,10 +45,13 @@ class FrozenModel:
         """log pi_frozen of every response token, one array per trajectory."""
         tcfg = self.cfg["trainer"]
         size = int(tcfg["micro_batch_size"])
-        out: list[np.ndarray] = []
+        # longest first, so each micro-batch holds samples of similar length (little padding when not packed)
+        order = sorted(range(len(trajs)), key=lambda i: -(len(trajs[i].prompt_ids) + len(trajs[i].response_ids)))
+        out: list[np.ndarray | None] = [None] * len(trajs)
         for start in range(0, len(trajs), size):
-            chunk = trajs[start : start + size]
-            batch = collate(chunk, self.tokenizer.pad_token_id).to(self.device)
+            idx = order[start : start + size]
+            chunk = [trajs[i] for i in idx]
+            batch = collate(chunk, self.tokenizer.pad_token_id, self.packed).to(self.device)
             with route_replay(self.model, batch, self.replay_routes):
                 res = forward_logprobs(
                     self.model,
@@ -58,5 +62,6 @@ class FrozenModel:
                 )
             logp = res.logprobs.float().cpu().numpy()
             bounds = np.cumsum([0] + [t.num_response_tokens for t in chunk])
-            out.extend(logp[a:b] for a, b in zip(bounds[:-1], bounds[1:]))
+            for i, a, b in zip(idx, bounds[:-1], bounds[1:]):
+                out[i] = logp[a:b]
         return out

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from rl.batching import micro_batches, micro_batches_per_minibatch
-from rl.config import logprob_temperature
+from rl.config import logprob_temperature, pack_sequences
 from rl.metrics import accumulate_train_stats
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
@@ -105,6 +105,7 @@ class PolicyTrainer:
         self.temperature = logprob_temperature(cfg["rollout"]) / scale
         self.chunk_size = int(tcfg["logprob_chunk_size"])
         self.fp32_head = bool(cfg["model"].get("fp32_lm_head", False))
+        self.packed = pack_sequences(cfg)  # one unpadded row per micro-batch (trainer.pack_sequences)
 
     def ready(self) -> int:
         return self.rank
@@ -119,7 +120,8 @@ class PolicyTrainer:
         """Run every mini-batch (this rank's share) with one optimizer step each; return metric sums."""
         sums: dict[str, float] = defaultdict(float)
         self.engine.train()
-        plan = [micro_batches(trajs, self.grad_accum) for trajs in minibatches]
+        layout = "packed" if self.packed else "padded"
+        plan = [micro_batches(trajs, self.grad_accum, layout) for trajs in minibatches]
         for trajs, micro in zip(minibatches, plan):
             if len(micro) != self.grad_accum:  # DeepSpeed steps the optimizer every grad_accum micro-steps
                 raise ValueError(f"rank {self.rank}: mini-batch of {len(trajs)} gives {len(micro)} micro-batches, expected {self.grad_accum}")
@@ -127,7 +129,7 @@ class PolicyTrainer:
         old = self._recompute_old(plan) if self.cfg["algorithm"].get("old_logprobs") == "trainer" else None
         for mb_index, (micro, norm) in enumerate(zip(plan, norms)):
             for mc_index, chunk in enumerate(micro):
-                batch = collate(chunk, self.tokenizer.pad_token_id).to(self.engine.device)
+                batch = collate(chunk, self.tokenizer.pad_token_id, self.packed).to(self.engine.device)
                 if old is not None:
                     batch.old_logprobs = old[mb_index][mc_index]
                 with route_replay(self.model, batch, self.keep_routing) as replay:
@@ -153,7 +155,7 @@ class PolicyTrainer:
         for micro in plan:
             out.append([])
             for chunk in micro:
-                batch = collate(chunk, self.tokenizer.pad_token_id).to(self.engine.device)
+                batch = collate(chunk, self.tokenizer.pad_token_id, self.packed).to(self.engine.device)
                 with route_replay(self.model, batch, self.keep_routing):
                     out[-1].append(self._forward(batch, with_entropy=False).logprobs.detach())
         return out

@@ -115,6 +115,8 @@ def validate(cfg: Mapping) -> None:
     check_choice(t, "zero_stage", "trainer", {0, 1, 2, 3})
     if "pack_sequences" in t:
         check_choice(t, "pack_sequences", "trainer", AUTO_BOOL)
+    if "logprob_head" in t:
+        check_choice(t, "logprob_head", "trainer", {"support", "dense"})
     check_number(a, "clip_eps_low", "algorithm", lo=0, hi=1)
     check_number(a, "clip_eps_high", "algorithm", lo=0)
     check_choice(a, "loss_aggregation", "algorithm", set(AGGREGATIONS))

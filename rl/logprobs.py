@@ -143,6 +143,120 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         )
 
 
+# The full-vocabulary entropy is a metric only; with the support head it costs a dense row, so every
+# FULL_ENTROPY_STRIDE-th position gets one (the others are NaN and left out of the mean).
+FULL_ENTROPY_STRIDE = 8
+# The support head's chunk (at most `chunk_size`): fewer positions have a smaller union of kept ids. On SmolLM2's
+# real kept sets (top_p 0.95, 49k vocabulary) 1024 positions need ~all ids, 256 about half (benchmarks/README.md).
+SUPPORT_CHUNK = 256
+
+
+def support_columns(kept_ids, offsets_cpu, targets, s, e, vocab):
+    """The kept-set entries of positions s..e-1 as (U, rows, cols, target_cols): U the sorted ids the chunk needs
+    (every kept id and target; None when they are over half the vocabulary, then the whole head is used and cols
+    are vocabulary ids), entry k is (row rows[k], column cols[k] of U)."""
+    dev = targets.device
+    lo, hi = int(offsets_cpu[s]), int(offsets_cpu[e])
+    counts = (offsets_cpu[s + 1 : e + 1] - offsets_cpu[s:e]).to(dev)
+    rows = torch.repeat_interleave(torch.arange(e - s, device=dev), counts)
+    ids = torch.cat([kept_ids[lo:hi].to(device=dev, dtype=torch.long), targets[s:e]])
+    rows = torch.cat([rows, torch.arange(e - s, device=dev)])
+    U, cols = torch.unique(ids, return_inverse=True)
+    if U.numel() > vocab // 2:  # little to save, and the [|U|, H] copy of the head would be large
+        U, cols = None, ids
+    return U, rows, cols, cols[hi - lo :]
+
+
+def _support_logits(hidden, weight, bias, temperature, cdt, s, e, U, rows, cols):
+    """z over the chunk's support U (or the whole vocabulary), -inf outside each position's kept set."""
+    w = weight if U is None else weight.index_select(0, U)
+    b = bias if (bias is None or U is None) else bias.index_select(0, U)
+    z = F.linear(hidden[s:e], w, b).to(cdt).div_(temperature)
+    keep = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
+    keep[rows, cols] = True
+    return z.masked_fill_(~keep, float("-inf")), w
+
+
+class _SupportTokenLogprobs(torch.autograd.Function):
+    """The Keep Sampling Mask logprob over the kept ids only (DeepSeek-V3.2's renormalised policy):
+
+        log pi_theta(o_t) = z_t[o_t] - logsumexp_{v in K_t u {o_t}} z_t[v],   z_t[v] = (h_t . W_v + b_v) / T,
+
+    computed for the union U of a chunk's kept sets instead of the vocabulary: the head's rows W_U are gathered,
+    the logits are [c, |U|] instead of [c, V], and the backward adds dW only to the rows in U (index_add). Same
+    value and gradient as `_ChunkedTokenLogprobs` with kept sets; c * |U| * H FLOPs instead of c * V * H.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, kept_ids, kept_offsets, temperature, chunk_size, with_entropy):
+        N, V = hidden.shape[0], weight.shape[0]
+        cdt = _compute_dtype(hidden.dtype)
+        offsets_cpu = kept_offsets.cpu()
+        logp = torch.empty(N, dtype=cdt, device=hidden.device)
+        lse = torch.empty(N, dtype=cdt, device=hidden.device)
+        entropy = torch.empty(N if with_entropy else 0, dtype=cdt, device=hidden.device)
+        full_entropy = torch.full((N if with_entropy else 0,), float("nan"), dtype=cdt, device=hidden.device)
+        for s in range(0, N, chunk_size):
+            e = min(s + chunk_size, N)
+            U, rows, cols, tcols = support_columns(kept_ids, offsets_cpu, targets, s, e, V)
+            z, _ = _support_logits(hidden, weight, bias, temperature, cdt, s, e, U, rows, cols)
+            target_z = z.gather(1, tcols[:, None]).squeeze(1)
+            lse[s:e] = torch.logsumexp(z, dim=-1)
+            logp[s:e] = target_z - lse[s:e]
+            if with_entropy:
+                p = z.sub_(lse[s:e, None]).exp_()
+                entropy[s:e] = -torch.special.xlogy(p, p).sum(-1)
+                first = -(-s // FULL_ENTROPY_STRIDE) * FULL_ENTROPY_STRIDE
+                if first < e:
+                    sample = torch.arange(first, e, FULL_ENTROPY_STRIDE, device=hidden.device)
+                    full_entropy[sample] = _entropy(F.linear(hidden[sample], weight, bias).to(cdt).div_(temperature))
+            del z
+        ctx.save_for_backward(hidden, weight, bias, targets, kept_ids, kept_offsets, lse)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.mark_non_differentiable(entropy, full_entropy)
+        return logp, entropy, full_entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy, _grad_full_entropy):
+        hidden, weight, bias, targets, kept_ids, kept_offsets, lse = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        N, V = hidden.shape[0], weight.shape[0]
+        cdt, T = lse.dtype, ctx.temperature
+        offsets_cpu = kept_offsets.cpu()
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=cdt, device=weight.device) if need_w else None
+        grad_b = torch.zeros(V, dtype=cdt, device=weight.device) if (need_b and bias is not None) else None
+        grad_logp = grad_logp.to(cdt)
+        for s in range(0, N, ctx.chunk_size):
+            e = min(s + ctx.chunk_size, N)
+            U, rows, cols, tcols = support_columns(kept_ids, offsets_cpu, targets, s, e, V)
+            z, w = _support_logits(hidden, weight, bias, T, cdt, s, e, U, rows, cols)
+            g = grad_logp[s:e]
+            dz = z.sub_(lse[s:e, None]).exp_().mul_(-(g / T)[:, None])  # g * (onehot - p) / T
+            dz[torch.arange(e - s, device=dz.device), tcols] += g / T
+            dz_in = dz.to(hidden.dtype)
+            if need_h:
+                grad_h[s:e] = dz_in @ w
+            if need_w:
+                part = (dz_in.t() @ hidden[s:e]).to(cdt)
+                if U is None:
+                    grad_w += part
+                else:
+                    grad_w.index_add_(0, U, part)
+            if grad_b is not None:
+                if U is None:
+                    grad_b += dz.sum(0)
+                else:
+                    grad_b.index_add_(0, U, dz.sum(0))
+            del z, dz, dz_in
+        return (
+            grad_h,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_b.to(bias.dtype) if grad_b is not None else None,
+            None, None, None, None, None, None,
+        )
+
+
 def token_logprobs(
     hidden: torch.Tensor,
     lm_weight: torch.Tensor,
@@ -154,6 +268,7 @@ def token_logprobs(
     lm_bias: torch.Tensor | None = None,
     chunk_size: int = 1024,
     with_entropy: bool = False,
+    support_head: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """log pi_theta(o_t) for each generated position, from its final hidden state, chunked over positions.
 
@@ -163,6 +278,8 @@ def token_logprobs(
     lm_weight and lm_bias. with_entropy=True also returns, without gradient, the entropy [N] of the distribution the
     logprob is taken under (the renormalised kept set when there is one) and the full-vocabulary entropy [N] (the
     same tensor without kept sets). Outputs are float32 (float64 when the inputs are float64).
+    support_head (with kept sets): the head over each chunk's kept ids only (`_SupportTokenLogprobs`), same values;
+    its full-vocabulary entropy is computed at every FULL_ENTROPY_STRIDE-th position and NaN elsewhere.
     """
     if (kept_ids is None) != (kept_offsets is None):
         raise ValueError("kept_ids and kept_offsets go together")
@@ -170,7 +287,10 @@ def token_logprobs(
         raise ValueError(f"kept_offsets has {kept_offsets.shape[0]} entries for {hidden.shape[0]} positions (need N+1)")
     if chunk_size < 1:
         raise ValueError("chunk_size must be >= 1")
-    logp, entropy, full_entropy = _ChunkedTokenLogprobs.apply(
+    fn = _SupportTokenLogprobs if (support_head and kept_offsets is not None) else _ChunkedTokenLogprobs
+    if fn is _SupportTokenLogprobs:
+        chunk_size = min(chunk_size, SUPPORT_CHUNK)
+    logp, entropy, full_entropy = fn.apply(
         hidden, lm_weight, lm_bias, targets.long(), kept_ids, kept_offsets, float(temperature), int(chunk_size),
         bool(with_entropy),
     )

@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 import numpy as np
+import torch
 
 from rl.trajectory import Trajectory
 
@@ -114,7 +115,7 @@ def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int
         # of the distribution the loss is under (the renormalised kept set with Keep Sampling Mask), and of the
         # full vocabulary (what verl/slime log as entropy); equal without kept sets
         "entropy/kept_set": ratio("entropy_sum", "tokens"),
-        "entropy/full_vocab": ratio("full_entropy_sum", "tokens"),
+        "entropy/full_vocab": ratio("full_entropy_sum", "full_entropy_tokens"),
         "mismatch/logprob_abs": ratio("mismatch_abs_sum", "mismatch_tokens"),
         "mismatch/routing_frac": ratio("routing_mismatch", "routing_total"),
         "grad_norm": s["grad_norm"] / max(s["optimizer_steps"], 1),
@@ -145,7 +146,10 @@ def accumulate_train_stats(sums: dict, batch, out, stats: dict, routing: tuple[i
     sums["tokens"] += tokens
     if out.entropy is not None:
         sums["entropy_sum"] += float((out.entropy * mask).sum())
-        sums["full_entropy_sum"] += float((out.full_entropy * mask).sum())
+        # NaN where not computed (the support head computes it at a subsample of positions)
+        seen = ~torch.isnan(out.full_entropy)
+        sums["full_entropy_sum"] += float((out.full_entropy.nan_to_num(0.0) * mask).sum())
+        sums["full_entropy_tokens"] += float((mask * seen).sum())
     if first_minibatch:
         # Same weights on both sides before the first update: the train/inference mismatch.
         diff = (batch.inference_logprobs - logprobs).abs()

@@ -153,3 +153,44 @@ def test_full_vocabulary_entropy_beside_the_kept_set_one():
     assert not torch.allclose(full, ent)
     _, ent_nomask, full_nomask = token_logprobs(hidden, weight, targets, with_entropy=True)
     assert full_nomask is ent_nomask  # without kept sets the two are the same distribution
+
+
+# --------------------------------------------------------------------------- support-only head (issue 16)
+@pytest.mark.parametrize("V, chunk_size", [(400, 4), (400, 1000), (50, 7)])  # (50, 7): most chunks use the whole head
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_support_head_equals_the_dense_head(V, chunk_size, with_bias):
+    """log pi over the kept ids only, computed on the chunk's support U: values, kept-set entropy and the
+    gradients of hidden, weight and bias equal the dense masked head in float64."""
+    from rl.logprobs import support_columns
+
+    hidden, weight, bias, targets, sets, kept_ids, kept_offsets = _inputs(N=37, H=8, V=V, bias=with_bias)
+    kw = dict(kept_ids=kept_ids, kept_offsets=kept_offsets, lm_bias=bias, temperature=0.7, chunk_size=chunk_size,
+              with_entropy=True)
+    coeff = torch.randn(hidden.shape[0], generator=torch.Generator().manual_seed(3), dtype=D)
+    params = [hidden, weight] + ([bias] if with_bias else [])
+    dense = token_logprobs(hidden, weight, targets, **kw)
+    sparse = token_logprobs(hidden, weight, targets, support_head=True, **kw)
+    torch.testing.assert_close(sparse[0], dense[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(sparse[1], dense[1], rtol=0, atol=1e-12)
+    for a, b in zip(torch.autograd.grad((coeff * sparse[0]).sum(), params),
+                    torch.autograd.grad((coeff * dense[0]).sum(), params)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    want, _ = _loop_reference(hidden, weight, bias, targets, sets, 0.7)
+    np.testing.assert_allclose(sparse[0].detach().numpy(), want, rtol=0, atol=1e-10)
+    # the full-vocabulary entropy (a metric) at every 8th position, NaN elsewhere
+    sampled = ~torch.isnan(sparse[2])
+    assert sampled.tolist() == [j % 8 == 0 for j in range(37)]
+    torch.testing.assert_close(sparse[2][sampled], dense[2][sampled], rtol=0, atol=1e-12)
+    # both code paths ran: a chunk's own support (4 rows of a 400 vocabulary), the whole head (the support of
+    # all 37 rows is over half of a 50 vocabulary)
+    ids, offsets = kept_ids, kept_offsets
+    assert support_columns(ids, offsets, targets, 0, 4, 400)[0] is not None
+    assert support_columns(ids, offsets, targets, 0, 37, 50)[0] is None
+
+
+def test_support_head_gradcheck():
+    hidden, weight, bias, targets, _, kept_ids, kept_offsets = _inputs(N=9, H=3, V=80, bias=True)
+    fn = lambda h, w, b: token_logprobs(  # noqa: E731
+        h, w, targets, lm_bias=b, temperature=0.9, kept_ids=kept_ids, kept_offsets=kept_offsets, chunk_size=2,
+        support_head=True)[0]
+    assert torch.autograd.gradcheck(fn, (hidden, weight, bias))

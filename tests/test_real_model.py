@@ -121,6 +121,10 @@ def test_engine_and_trainer_agree_on_every_kept_set(engine, sampled):
     gap = float((full - batch.inference_logprobs).abs().mean())
     print(f"\nmean |logp_trainer - logp_engine|: over the kept set {float(diff.mean()):.2e}, full vocabulary {gap:.3f}")
     assert gap > 1e-2 and gap < -math.log(0.95) + 1e-3  # renormalising a >= 0.95 mass moves logp by < -log 0.95
+    # the support-only head (trainer.logprob_head=support) on real kept sets: same logprobs, a fraction of the head
+    with torch.no_grad():
+        support = forward_logprobs(engine.model, batch, temperature=1.0, support_head=True, chunk_size=64).logprobs
+    torch.testing.assert_close(support, kept, rtol=0, atol=1e-5)
 
 
 @pytest.mark.slow

@@ -86,6 +86,12 @@ def test_packed_micro_batches_give_the_same_update(setup):
     _, _, packed, sums_p = _train_once(cfg, trajs, path, 2, _port(), packed=True)
     assert abs(sums["grad_norm"] - sums_p["grad_norm"]) < 1e-5 * sums["grad_norm"]
     assert abs(sums["loss/pg"] - sums_p["loss/pg"]) < 1e-6 and sums["tokens"] == sums_p["tokens"]
+    # the support head (default) computes the full-vocabulary entropy at a subsample of tokens: averaged over those
+    assert 0 < sums["full_entropy_tokens"] < sums["tokens"]
+    from rl.metrics import trainer_metrics
+
+    m = trainer_metrics([sums], ["digits"], 1)
+    assert m["entropy/full_vocab"] > m["entropy/kept_set"] > 0  # top_p 0.9 cuts the tail
     for k in padded:
         assert float((padded[k] - packed[k]).abs().max()) < 1e-3, k
     cfg["trainer"]["pack_sequences"] = True

@@ -106,6 +106,7 @@ class PolicyTrainer:
         self.chunk_size = int(tcfg["logprob_chunk_size"])
         self.fp32_head = bool(cfg["model"].get("fp32_lm_head", False))
         self.packed = pack_sequences(cfg)  # one unpadded row per micro-batch (trainer.pack_sequences)
+        self.support_head = tcfg.get("logprob_head", "support") == "support"
 
     def ready(self) -> int:
         return self.rank
@@ -146,7 +147,8 @@ class PolicyTrainer:
 
     def _forward(self, batch, with_entropy: bool) -> ForwardOut:
         return ForwardOut(*self.engine(batch, temperature=self.temperature, chunk_size=self.chunk_size,
-                                       with_entropy=with_entropy, fp32_head=self.fp32_head))
+                                       with_entropy=with_entropy, fp32_head=self.fp32_head,
+                                       support_head=self.support_head))
 
     @torch.no_grad()
     def _recompute_old(self, plan: list[list[list[Trajectory]]]) -> list[list[torch.Tensor]]:

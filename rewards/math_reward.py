@@ -149,6 +149,9 @@ def plain_number(text: str) -> Fraction | None:
 # plain numbers. Without the words "final answer", a response's only \boxed{} is therefore its answer; without a
 # box, LaTeX, operators, percent or any other digits, a lone integer in prose ("The answer is 57.") is.
 _LONE_INTEGER = re.compile(r"(?:^|\s)(-?[0-9]+)(?=$|[\s.,!?:;])")
+# A lone \frac{a}{b} in prose ("The answer is \frac{13}{8}."), a minus attached: math-verify reads it as a/b. Not
+# \dfrac/\tfrac (there it reads nothing), nor "- \frac" (it drops the sign).
+_LONE_FRAC = re.compile(r"(?:^|\s)(-?)\\frac\{(-?\d+)\}\{(\d+)\}(?=$|[\s.,!?:;])")
 _NOT_PROSE = re.compile(r"[$\\%()\[\]{}+*/^=<>×÷]|percent|pct", re.IGNORECASE)
 _DIGITS = re.compile(r"\d+")
 
@@ -160,6 +163,12 @@ def _said_answer(tail: str) -> Fraction | None:
     if "\\boxed" in tail:
         boxed = last_boxed(tail) if tail.count("\\boxed") == 1 else None
         return plain_number(boxed) if boxed is not None else None
+    if (m := _LONE_FRAC.search(tail)) is not None:
+        rest = tail[: m.start()] + " " + tail[m.end():]  # the prose around the fraction: no other number or math
+        if int(m[3]) == 0 or _DIGITS.search(rest) or _NOT_PROSE.search(rest) or "-" in rest:
+            return None
+        value = Fraction(int(m[2]), int(m[3]))
+        return -value if m[1] else value
     if len(_DIGITS.findall(tail)) != 1 or _NOT_PROSE.search(tail):
         return None
     m = _LONE_INTEGER.search(tail)
@@ -170,7 +179,7 @@ def _said_answer(tail: str) -> Fraction | None:
 
 def fast_math_check(view: SampleView, params: dict) -> float | None:
     """The math reward without sympy, when the reference is a plain number and so is the answer (the response's
-    only \\boxed{}, or a lone integer in plain prose): 1.0 when they are equal, 0.0 when they differ by more than
+    only \\boxed{}, or a lone integer or \\frac{a}{b} in plain prose): 1.0 when they are equal, 0.0 when they differ by more than
     any rounding tolerance; None (math-verify decides, in the pool) otherwise, e.g. 0.333 against 1/3, which
     math-verify may accept. Linear in the answer's tail, so it runs in the composer's process: most reasoning
     samples never wait for a pool process."""

@@ -161,6 +161,9 @@ PLAIN = [  # (response, reference): every one is decided by the shortcut
     ("<think>maybe \\boxed{5}</think> so \\boxed{6}", "6"), ("\\boxed{+5}", "5"), ("\\boxed{.5}", "1/2"),
     ("So 69 + 24 = 93. \\boxed{93}", "93"), ("\\boxed{2.5}", "2.4"), ("\\boxed{0.5}", "1/3"),
     ("The answer is 57.", "57"), ("The answer is 57.", "58"), ("57", "57"), ("I think it is -5!", "-5"),
+    ("The answer is \\frac{13}{8}.", "13/8"), ("The answer is \\frac{26}{16}.", "\\frac{13}{8}"),
+    ("The answer is \\frac{13}{9}.", "13/8"), ("It is -\\frac{3}{4} meters", "-3/4"), ("\\frac{-3}{4}", "-0.75"),
+    ("Answer: \\frac{3}{4}", "-3/4"), ("so \\frac{10}{5}!", "2"),
     ("Answer: 12", "12"), ("The sum is 57, I am sure.", "57"), ("There are 4 apples", "9/2"), ("答案是 7", "7"), ("so it is 7", "7"),
 ]
 UNDECIDED = [  # left to math-verify: tolerance, several boxes, non-numbers, no box
@@ -171,6 +174,9 @@ UNDECIDED = [  # left to math-verify: tolerance, several boxes, non-numbers, no 
     ("The answer is 57 - 3", "54"), ("x = 57", "57"), ("The answer is 57%", "57"), ("**57**", "57"),
     ("The answer is 57.5", "57.5"), ("The answer is 1,000", "1000"), ("pre-5", "-5"), ("$57$", "57"),
     ("The answer is 57th", "57"), ("(57)", "57"),
+    ("The answer is \\dfrac{13}{8}.", "13/8"), ("The answer is - \\frac{3}{4}.", "-3/4"),
+    ("\\frac{1}{2} and \\frac{1}{3}", "1/2"), ("The answer is \\frac{1}{2} + 1", "3/2"), ("It is \\frac{1}{0}", "1"),
+    ("In 3 steps: \\frac{1}{2}", "1/2"), ("$\\frac{1}{2}$", "1/2"), ("pre-\\frac{1}{2}", "-1/2"),
 ]
 
 
@@ -187,6 +193,9 @@ def test_fast_path_decides_plain_numbers_exactly_as_math_verify():
         pred = rng.choice([str(c), f"{c}/{b}", f"\\frac{{{c}}}{{{b}}}", f"{c * 2}/{b * 2}"])
         generated.append((f"the result is \\boxed{{{pred}}}.", str(gold)))
         generated.append((f"The answer is {c}.", str(gold)))
+        generated.append((rng.choice([f"So it is \\frac{{{c}}}{{{b}}}.", f"Answer: -\\frac{{{abs(c)}}}{{{b}}}",
+                                      f"\\frac{{{c * 3}}}{{{b * 3}}} in total", f"it is - \\frac{{{c}}}{{{b}}}",
+                                      f"\\dfrac{{{c}}}{{{b}}}", f"we get \\frac{{{c}}}{{{b}}} or {c}"]), str(gold)))
         generated.append((f"\\boxed{{{rng.choice([a * 100, a / 100, a / b + 1e-4, a / b + 0.01])}}}", str(gold)))
     decided = 0
     for text, gold in PLAIN + UNDECIDED + generated:

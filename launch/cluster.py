@@ -28,7 +28,7 @@ from rl.config import needs_reference
 from rl.trajectory import Trajectory
 from rollout.judge_worker import JudgeWorker
 from rollout.worker import RolloutWorker
-from trainer.dist import free_port
+from trainer.dist import free_port, node_address
 from trainer.frozen import FrozenModel
 from trainer.policy import PolicyTrainer
 
@@ -120,6 +120,12 @@ class ActorPool:
         return self.submit(method, items, *args).collect()
 
 
+@ray.remote(num_cpus=0)
+def _rendezvous() -> tuple[str, int, str]:
+    """(IP, a free port, Ray node id) of the node this runs on: where trainer rank 0 will listen."""
+    return node_address(), free_port(), ray.get_runtime_context().get_node_id()
+
+
 class Cluster:
     def __init__(self, cfg: dict, model_path: str):
         self.cfg = cfg
@@ -152,10 +158,17 @@ class Cluster:
             timeout_s=rw.get("actor_timeout_s"),
         )
         n = int(t["num_processes"])
-        port = free_port("127.0.0.1")
         trainer_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["num_gpus"])(PolicyTrainer)
+        # The ranks meet at rank 0's node (its IP and a port free there), which may not be the driver's.
+        rank0 = self._placement.options(0)
+        addr, port, node = ray.get(_rendezvous.options(**rank0).remote())
+        if not rank0:  # not in the placement group: pin rank 0 to the node that was asked
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            rank0 = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
         self.trainers = [
-            trainer_cls.options(**self._placement.options(rank)).remote(cfg, model_path, rank, n, "127.0.0.1", port)
+            trainer_cls.options(**(rank0 if rank == 0 else self._placement.options(rank))).remote(
+                cfg, model_path, rank, n, addr, port)
             for rank in range(n)
         ]
         self.reference = None

@@ -66,32 +66,56 @@ class PendingMap:
         self.refs = [getattr(a, method).remote(s, *args) if s else None for a, s in zip(self.actors, shares)]
 
     def collect(self) -> list:
-        """Wait for every share; a worker that died or exceeded the pool's timeout is replaced and its share
-        retried once (a second timeout ends the run with the reason)."""
-        pool, out = self.pool, []
-        for i, (ref, share) in enumerate(zip(self.refs, self.shares)):
-            if ref is None:
+        """Wait for every share; results in item order (see `as_completed`)."""
+        done = dict(self.as_completed())
+        return [x for i in sorted(done) for x in done[i]]
+
+    def as_completed(self):
+        """Yield (worker index, its share's results) as shares finish. A worker that died, or one of the workers
+        still running when none has finished for the pool's timeout, is replaced and its share retried once (a
+        second failure ends the run with the reason)."""
+        pool = self.pool
+        waiting = {ref: i for i, ref in enumerate(self.refs) if ref is not None}
+        while waiting:
+            ready, _ = ray.wait(list(waiting), num_returns=1, timeout=pool.timeout_s)
+            if not ready:  # nothing finished within the timeout: the slowest is hung
+                ref = next(iter(waiting))
+                i = waiting.pop(ref)
+                yield i, self._retry(i, GetTimeoutError())
                 continue
+            i = waiting.pop(ready[0])
             try:
-                out.extend(ray.get(ref, timeout=pool.timeout_s))
-            except (RayActorError, GetTimeoutError) as e:
-                what = "timed out" if isinstance(e, GetTimeoutError) else f"died ({e})"
-                if pool.actors[i] is self.actors[i]:
-                    log.error("%s worker %d %s; replacing it and retrying its %d items", pool.name, i, what, len(share))
-                    pool.replace(i)
-                else:  # an earlier call in flight already replaced it: retry on the replacement
-                    log.error("%s worker %d %s; retrying its %d items on its replacement", pool.name, i, what, len(share))
-                try:
-                    out.extend(ray.get(getattr(pool.actors[i], self.method).remote(share, *self.args),
-                                       timeout=pool.timeout_s))
-                except (RayActorError, GetTimeoutError) as e2:
-                    what = f"exceeded {pool.timeout_s}s" if isinstance(e2, GetTimeoutError) else f"died ({e2})"
-                    raise RuntimeError(
-                        f"{pool.name} worker {i}: {self.method} failed twice (last: {what}); raise the timeout "
-                        f"({pool.name} timeout_s) or look for a hang or crash in run_dir/train.log (checkpoints are "
-                        "in run_dir)"
-                    ) from None
-        return out
+                yield i, ray.get(ready[0])
+            except RayActorError as e:
+                yield i, self._retry(i, e)
+
+    def _retry(self, i: int, error: Exception) -> list:
+        pool, share = self.pool, self.shares[i]
+        what = "timed out" if isinstance(error, GetTimeoutError) else f"died ({error})"
+        if pool.actors[i] is self.actors[i]:
+            log.error("%s worker %d %s; replacing it and retrying its %d items", pool.name, i, what, len(share))
+            pool.replace(i)
+        else:  # an earlier call in flight already replaced it: retry on the replacement
+            log.error("%s worker %d %s; retrying its %d items on its replacement", pool.name, i, what, len(share))
+        try:
+            return ray.get(getattr(pool.actors[i], self.method).remote(share, *self.args), timeout=pool.timeout_s)
+        except (RayActorError, GetTimeoutError) as e2:
+            what = f"exceeded {pool.timeout_s}s" if isinstance(e2, GetTimeoutError) else f"died ({e2})"
+            raise RuntimeError(
+                f"{pool.name} worker {i}: {self.method} failed twice (last: {what}); raise the timeout "
+                f"({pool.name} timeout_s) or look for a hang or crash in run_dir/train.log (checkpoints are "
+                "in run_dir)"
+            ) from None
+
+
+class Scoring:
+    """The reward calls of one rollout, one per generated share (`Cluster.collect_rollout`)."""
+
+    def __init__(self, by_share: dict[int, PendingMap]):
+        self.by_share = by_share
+
+    def collect(self) -> list[Trajectory]:
+        return [t for i in sorted(self.by_share) for t in self.by_share[i].collect()]
 
 
 class ActorPool:
@@ -203,19 +227,20 @@ class Cluster:
         """`overrides`: sampling keys for held-out evaluation (see RolloutWorker.generate)."""
         return self.rollout.submit("generate", requests, step, overrides)
 
-    def collect_rollout(self, pending: PendingMap, sleep: bool = True) -> list[Trajectory]:
-        """`sleep`: colocated vLLM with sleep mode frees its GPU memory for the trainer afterwards (a rollout that
-        runs after the weight sync, like the held-out eval, must not: the next step generates from those weights)."""
-        trajs = pending.collect()
+    def collect_rollout(self, pending: PendingMap, sleep: bool = True) -> "Scoring":
+        """Wait for the rollout; each worker's share goes to the reward workers as soon as it is generated, so
+        scoring overlaps the rest of the rollout. Returns the scoring under way (`Scoring.collect()`: the scored
+        trajectories in request order). `sleep`: colocated vLLM with sleep mode then frees its GPU memory for the
+        trainer (a rollout after the weight sync, like the held-out eval, must not: the next step generates from
+        those weights)."""
+        scoring = Scoring({i: self.rewards.submit("score", share) for i, share in pending.as_completed()})
         if sleep and self._weight_sync is not None:
             self._weight_sync.after_generate()  # colocated + sleep mode: give the GPU memory to the trainer
-        return trajs
+        return scoring
 
     def trainer_device_name(self) -> str:
         return self._get_trainers([self.trainers[0].device_name.remote()])[0]
 
-    def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
-        return self.rewards.map("score", trajs)
 
     def ref_logprobs(self, trajs: list[Trajectory]) -> list[np.ndarray]:
         return self._get_trainers(self.reference.logprobs.remote(trajs), "the reference model (FrozenModel)")

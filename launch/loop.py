@@ -81,9 +81,9 @@ def train(cfg: dict) -> dict:
                 while len(in_flight) <= int(cfg["rollout"].get("max_staleness") or 0) and step + len(in_flight) <= total:
                     submit_rollout(step + len(in_flight))
                 _, _, version, pending = in_flight.popleft()
-                trajs = cluster.collect_rollout(pending)
-            with timed(times, "reward"):
-                trajs = cluster.score(trajs)
+                scoring = cluster.collect_rollout(pending)  # shares are scored as they arrive
+            with timed(times, "reward"):  # what scoring is left once the last share is generated
+                trajs = scoring.collect()
             assign_advantages(trajs, cfg["algorithm"]["normalize_adv_std"])
             attach_domain_coefficients(trajs, domains)
             need_ref = [tr for tr in trajs if tr.kl_coef > 0]
@@ -165,7 +165,7 @@ def evaluate(cluster: Cluster, evals: EvalPrompts, ev: dict, parts: dict, step: 
                  "top_k": ev.get("top_k")}
     # sleep=False: the engine keeps the weights just synced for the next step's rollout (a level-2 sleep drops them)
     pending = cluster.submit_rollout(evals.requests, 10**6 + step, overrides)
-    trajs = cluster.score(cluster.collect_rollout(pending, sleep=False))
+    trajs = cluster.collect_rollout(pending, sleep=False).collect()
     tracker.save_rollouts(f"eval_step_{step:06d}", trajs)
     outcome = {d: parts[d][0] for d in evals.domains}
     return eval_metrics(trajs, k, outcome, float(ev.get("pass_threshold", 1.0)))

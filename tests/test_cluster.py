@@ -50,6 +50,10 @@ def test_dead_rollout_worker_is_replaced_and_resynced(ray_local, tiny_dense_path
     weights["state"] = ray.put(sd)
     ray.get([a.load_state_dict.remote(weights["state"]) for a in pool.actors])
     before = pool.map("generate", reqs, 1)
+    # shares arrive as they finish (the loop scores each one then); collect() puts them back in request order
+    arrived = dict(pool.submit("generate", reqs, 1).as_completed())
+    assert sorted(arrived) == [0, 1]
+    assert [t.response_ids.tolist() for i in (0, 1) for t in arrived[i]] == [t.response_ids.tolist() for t in before]
     ray.kill(pool.actors[1])
     after = pool.map("generate", reqs, 1)
     assert len(after) == len(before) == 4 * cfg["rollout"]["n_samples"]

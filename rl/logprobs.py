@@ -65,6 +65,31 @@ def _entropy(z: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(logp.exp(), logp.exp()).sum(-1)
 
 
+def _grad_buffers(ctx, hidden, weight, bias, lse):
+    """Zeroed gradient accumulators for the inputs that need one (dW and db in the compute dtype: summing many
+    bf16 partial products loses precision)."""
+    need_h, need_w, need_b = ctx.needs_input_grad[:3]
+    cdt = lse.dtype
+    grad_h = torch.empty_like(hidden) if need_h else None
+    grad_w = torch.zeros(weight.shape, dtype=cdt, device=weight.device) if need_w else None
+    grad_b = torch.zeros(weight.shape[0], dtype=cdt, device=weight.device) if (need_b and bias is not None) else None
+    return grad_h, grad_w, grad_b
+
+
+def _end_forward(ctx, saved: tuple, temperature, chunk_size, logp, entropy, full_entropy) -> tuple:
+    """Keep what backward recomputes the logits from (the [c, V] chunks themselves are never kept)."""
+    ctx.save_for_backward(*saved)
+    ctx.temperature, ctx.chunk_size = temperature, chunk_size
+    ctx.mark_non_differentiable(entropy, full_entropy)
+    return logp, entropy, full_entropy
+
+
+def _grads_out(grad_h, grad_w, grad_b, weight, bias) -> tuple:
+    """backward's return: the three gradients in the parameters' dtypes, None for the other six inputs."""
+    return (grad_h, grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_b.to(bias.dtype) if grad_b is not None else None, None, None, None, None, None, None)
+
+
 class _ChunkedTokenLogprobs(torch.autograd.Function):
     """logp_t = z_t[o_t] - lse_t over the (masked) vocabulary; only lse [N] is saved for backward.
 
@@ -99,22 +124,15 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                 p = z.div_(total[:, None])
                 entropy[s:e] = -torch.special.xlogy(p, p).sum(-1)
             del z
-        ctx.save_for_backward(hidden, weight, bias, targets, kept_ids, kept_offsets, lse)
-        ctx.temperature, ctx.chunk_size = temperature, chunk_size
-        ctx.mark_non_differentiable(entropy, full_entropy)
-        return logp, entropy, full_entropy
+        return _end_forward(ctx, (hidden, weight, bias, targets, kept_ids, kept_offsets, lse), temperature,
+                            chunk_size, logp, entropy, full_entropy)
 
     @staticmethod
     def backward(ctx, grad_logp, _grad_entropy, _grad_full_entropy):
         hidden, weight, bias, targets, kept_ids, kept_offsets, lse = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        N, V = hidden.shape[0], weight.shape[0]
-        cdt = lse.dtype
+        N, cdt = hidden.shape[0], lse.dtype
         offsets_cpu = kept_offsets.cpu() if kept_offsets is not None else None
-        grad_h = torch.empty_like(hidden) if need_h else None
-        # Accumulate dW over chunks in the compute dtype: summing many bf16 partial products loses precision.
-        grad_w = torch.zeros(weight.shape, dtype=cdt, device=weight.device) if need_w else None
-        grad_b = torch.zeros(V, dtype=cdt, device=weight.device) if (need_b and bias is not None) else None
+        grad_h, grad_w, grad_b = _grad_buffers(ctx, hidden, weight, bias, lse)
         grad_logp = grad_logp.to(cdt)
         for s in range(0, N, ctx.chunk_size):
             e = min(s + ctx.chunk_size, N)
@@ -125,9 +143,9 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             dz = z.sub_(lse[s:e, None]).exp_().mul_(-(g / ctx.temperature)[:, None])
             dz[torch.arange(e - s, device=dz.device), targets[s:e]] += g / ctx.temperature
             dz_in = dz.to(hidden.dtype)
-            if need_h:
+            if grad_h is not None:
                 grad_h[s:e] = dz_in @ weight
-            if need_w:
+            if grad_w is not None:
                 if dz_in.dtype == cdt:
                     grad_w.addmm_(dz_in.t(), hidden[s:e])
                 else:
@@ -135,12 +153,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             if grad_b is not None:
                 grad_b += dz.sum(0)
             del z, dz, dz_in
-        return (
-            grad_h,
-            grad_w.to(weight.dtype) if grad_w is not None else None,
-            grad_b.to(bias.dtype) if grad_b is not None else None,
-            None, None, None, None, None, None,
-        )
+        return _grads_out(grad_h, grad_w, grad_b, weight, bias)
 
 
 # The full-vocabulary entropy is a metric only; with the support head it costs a dense row, so every
@@ -211,21 +224,15 @@ class _SupportTokenLogprobs(torch.autograd.Function):
                     sample = torch.arange(first, e, FULL_ENTROPY_STRIDE, device=hidden.device)
                     full_entropy[sample] = _entropy(F.linear(hidden[sample], weight, bias).to(cdt).div_(temperature))
             del z
-        ctx.save_for_backward(hidden, weight, bias, targets, kept_ids, kept_offsets, lse)
-        ctx.temperature, ctx.chunk_size = temperature, chunk_size
-        ctx.mark_non_differentiable(entropy, full_entropy)
-        return logp, entropy, full_entropy
+        return _end_forward(ctx, (hidden, weight, bias, targets, kept_ids, kept_offsets, lse), temperature,
+                            chunk_size, logp, entropy, full_entropy)
 
     @staticmethod
     def backward(ctx, grad_logp, _grad_entropy, _grad_full_entropy):
         hidden, weight, bias, targets, kept_ids, kept_offsets, lse = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        N, V = hidden.shape[0], weight.shape[0]
-        cdt, T = lse.dtype, ctx.temperature
+        (N, V), cdt, T = (hidden.shape[0], weight.shape[0]), lse.dtype, ctx.temperature
         offsets_cpu = kept_offsets.cpu()
-        grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=cdt, device=weight.device) if need_w else None
-        grad_b = torch.zeros(V, dtype=cdt, device=weight.device) if (need_b and bias is not None) else None
+        grad_h, grad_w, grad_b = _grad_buffers(ctx, hidden, weight, bias, lse)
         grad_logp = grad_logp.to(cdt)
         for s in range(0, N, ctx.chunk_size):
             e = min(s + ctx.chunk_size, N)
@@ -235,9 +242,9 @@ class _SupportTokenLogprobs(torch.autograd.Function):
             dz = z.sub_(lse[s:e, None]).exp_().mul_(-(g / T)[:, None])  # g * (onehot - p) / T
             dz[torch.arange(e - s, device=dz.device), tcols] += g / T
             dz_in = dz.to(hidden.dtype)
-            if need_h:
+            if grad_h is not None:
                 grad_h[s:e] = dz_in @ w
-            if need_w:
+            if grad_w is not None:
                 part = (dz_in.t() @ hidden[s:e]).to(cdt)
                 if U is None:
                     grad_w += part
@@ -249,12 +256,7 @@ class _SupportTokenLogprobs(torch.autograd.Function):
                 else:
                     grad_b.index_add_(0, U, dz.sum(0))
             del z, dz, dz_in
-        return (
-            grad_h,
-            grad_w.to(weight.dtype) if grad_w is not None else None,
-            grad_b.to(bias.dtype) if grad_b is not None else None,
-            None, None, None, None, None, None,
-        )
+        return _grads_out(grad_h, grad_w, grad_b, weight, bias)
 
 
 def token_logprobs(

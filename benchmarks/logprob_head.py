@@ -35,7 +35,8 @@ def real_kept_sets(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     from rollout.hf_engine import HFEngine
     from rollout.sampling import SamplingParams
 
-    engine = HFEngine(resolve_model_path(SMOLLM2), dtype="float32", record_routes=False, max_batch_size=32)
+    engine = HFEngine(resolve_model_path(SMOLLM2), dtype="float32", device=args.device, record_routes=False,
+                      max_batch_size=32)
     tok = engine.tokenizer
     prompts = [tok(tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
                                            add_generation_prompt=True), add_special_tokens=False)["input_ids"]
@@ -86,9 +87,9 @@ def main() -> None:
     targets = torch.from_numpy(t.astype(np.int64)).to(dev)
     kept_ids, kept_offsets = torch.from_numpy(k.astype(np.int32)).to(dev), torch.from_numpy(off.astype(np.int64)).to(dev)
     sizes = np.diff(off)
-    unions, step = [], min(args.chunk_size, SUPPORT_CHUNK)  # the support head's own chunk
-    for s in range(0, N, step):
-        U = support_columns(kept_ids, kept_offsets.cpu(), targets, s, min(s + step, N), args.vocab)[0]
+    unions, chunk = [], min(args.chunk_size, SUPPORT_CHUNK)  # the support head's own chunk
+    for s in range(0, N, chunk):
+        U = support_columns(kept_ids, kept_offsets.cpu(), targets, s, min(s + chunk, N), args.vocab)[0]
         unions.append(args.vocab if U is None else U.numel())
 
     results = {}
@@ -103,7 +104,7 @@ def main() -> None:
     dlogp = float((results["dense"][0] - results["support"][0]).abs().max())
     dgrad = float((results["dense"][1] - results["support"][1]).abs().max())
     print(f"{N} positions from SmolLM2 at top_p=0.95: kept-set size median {np.median(sizes):.0f}, p90 "
-          f"{np.percentile(sizes, 90):.0f}, max {sizes.max()}; support of {step} positions (union of their kept ids) "
+          f"{np.percentile(sizes, 90):.0f}, max {sizes.max()}; support of {chunk} positions (union of their kept ids) "
           f"mean {np.mean(unions):.0f} of {args.vocab} ids")
     print("| device | dtype | vocab x hidden | chunk | dense s | support s | speed-up | max |dlogp| | max |dW| |")
     print("|---|---|---|---|---|---|---|---|---|")

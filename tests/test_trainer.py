@@ -75,9 +75,9 @@ def test_zero3_with_checkpointing_and_replay_equals_zero2(setup):
     assert sums["optimizer_steps"] == 1 and sums["tokens"] == sum(t.num_response_tokens for t in trajs)
 
 
-def test_packed_micro_batches_give_the_same_update(setup):
-    """trainer.pack_sequences=true: unpadded rows and token-balanced micro-batches, the same update (and the same
-    reference logprobs, in the caller's order)."""
+def test_packed_micro_batches_and_the_support_head_give_the_same_update(setup):
+    """trainer.pack_sequences=true (unpadded rows, token-balanced micro-batches) and trainer.logprob_head=support
+    give the same update as the default; the reference gives the same logprobs packed, in the caller's order."""
     cfg, trajs, path = setup
     cfg = copy.deepcopy(cfg)
     cfg["trainer"]["micro_batch_size"] = 4  # several micro-batches, so the grouping differs from the padded one
@@ -86,11 +86,16 @@ def test_packed_micro_batches_give_the_same_update(setup):
     _, _, packed, sums_p = _train_once(cfg, trajs, path, 2, _port(), packed=True)
     assert abs(sums["grad_norm"] - sums_p["grad_norm"]) < 1e-5 * sums["grad_norm"]
     assert abs(sums["loss/pg"] - sums_p["loss/pg"]) < 1e-6 and sums["tokens"] == sums_p["tokens"]
-    # the support head (default) computes the full-vocabulary entropy at a subsample of tokens: averaged over those
-    assert 0 < sums["full_entropy_tokens"] < sums["tokens"]
+    assert sums["full_entropy_tokens"] == sums["tokens"]  # the dense head: every token's full-vocabulary entropy
+    # the support head (trainer.logprob_head=support): the same update; the full-vocabulary entropy at a subsample
+    cfg["trainer"]["logprob_head"] = "support"
+    _, _, support, sums_s = _train_once(cfg, trajs, path, 2, _port())
+    assert abs(sums["grad_norm"] - sums_s["grad_norm"]) < 1e-5 * sums["grad_norm"]
+    assert all(float((padded[k] - support[k]).abs().max()) < 1e-3 for k in padded)
+    assert 0 < sums_s["full_entropy_tokens"] < sums_s["tokens"]
     from rl.metrics import trainer_metrics
 
-    m = trainer_metrics([sums], ["digits"], 1)
+    m = trainer_metrics([sums_s], ["digits"], 1)
     assert m["entropy/full_vocab"] > m["entropy/kept_set"] > 0  # top_p 0.9 cuts the tail
     for k in padded:
         assert float((padded[k] - packed[k]).abs().max()) < 1e-3, k

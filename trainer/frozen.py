@@ -59,7 +59,7 @@ class FrozenModel:
                     temperature=self.temperature,
                     chunk_size=int(tcfg["logprob_chunk_size"]),
                     fp32_head=bool(self.cfg["model"].get("fp32_lm_head", False)),
-                    support_head=tcfg.get("logprob_head", "support") == "support",
+                    support_head=tcfg.get("logprob_head", "dense") == "support",
                 )
             logp = res.logprobs.float().cpu().numpy()
             bounds = np.cumsum([0] + [t.num_response_tokens for t in chunk])

@@ -106,7 +106,7 @@ class PolicyTrainer:
         self.chunk_size = int(tcfg["logprob_chunk_size"])
         self.fp32_head = bool(cfg["model"].get("fp32_lm_head", False))
         self.packed = pack_sequences(cfg)  # one unpadded row per micro-batch (trainer.pack_sequences)
-        self.support_head = tcfg.get("logprob_head", "support") == "support"
+        self.support_head = tcfg.get("logprob_head", "dense") == "support"
 
     def ready(self) -> int:
         return self.rank

@@ -241,7 +241,6 @@ class Cluster:
     def trainer_device_name(self) -> str:
         return self._get_trainers([self.trainers[0].device_name.remote()])[0]
 
-
     def ref_logprobs(self, trajs: list[Trajectory]) -> list[np.ndarray]:
         return self._get_trainers(self.reference.logprobs.remote(trajs), "the reference model (FrozenModel)")
 

@@ -85,12 +85,13 @@ def check_agent_domains(cfg: dict) -> None:
             env = load_env(agent.env)
         except Exception as e:  # noqa: BLE001 - a wrong key, or an environment that does not load
             raise ConfigError(f"{where}: {e}") from None
-        ds = block.get("dataset") or {}
-        if not ds.get("path"):
-            # the episode finds the whole task in its environment by id (the dataset's rows need not carry it)
-            block["dataset"] = {**ds, "path": str(env.tasks_path), "columns": {"prompt": "prompt", "id": "id"}}
-        elif not ds.get("columns"):  # e.g. the output of launch.filter_tasks: the id finds the environment's task
-            block["dataset"] = {**ds, "columns": {"prompt": "prompt", "id": "id"}}
+        ds = dict(block.get("dataset") or {})
+        if not ds.get("path"):  # the environment's own tasks
+            ds["path"], ds["columns"] = str(env.tasks_path), None
+        # the episode finds the whole task in its environment by id (the dataset's rows need not carry it), also
+        # for the output of launch.filter_tasks
+        ds["columns"] = ds.get("columns") or {"prompt": "prompt", "id": "id"}
+        block["dataset"] = ds
 
 
 def known_keys() -> dict:

@@ -44,7 +44,7 @@ def micro_batches(trajs: list[Trajectory], n: int, layout: str | None = None) ->
     (longest first onto the lightest micro-batch), so no micro-batch is much longer than the others."""
     if layout is None:
         return [part for part in split_even(trajs, n) if part]
-    size = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
+    size = [t.num_tokens for t in trajs]
     order = sorted(range(len(trajs)), key=lambda i: (-size[i], i))
     if layout == "padded":
         return [part for part in split_even([trajs[i] for i in order], n) if part]

@@ -191,6 +191,14 @@ def pack_sequences(cfg: Mapping) -> bool:
     return bool(setting)
 
 
+def head_options(cfg: Mapping) -> dict:
+    """The trainer-side logprob head's settings, shared by the policy and the frozen reference (keyword arguments
+    of `trainer.forward.forward_logprobs`): chunking, the float32 head, the support-only head."""
+    return {"chunk_size": int(cfg["trainer"]["logprob_chunk_size"]),
+            "fp32_head": bool(cfg["model"].get("fp32_lm_head", False)),
+            "support_head": cfg["trainer"].get("logprob_head", "dense") == "support"}
+
+
 def logprob_temperature(rcfg: dict) -> float:
     """The temperature the trainer divides logits by: the sampling one, or 1 for greedy (temperature 0), whose
     reported logprobs are the plain ones in both engines."""

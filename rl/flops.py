@@ -137,8 +137,8 @@ class PerfMeter:
     recompute_old: bool  # algorithm.old_logprobs=trainer: one more forward of every sequence before the update
 
     def metrics(self, trajs: list, ref_trajs: list, times: dict[str, float]) -> dict[str, float]:
-        lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
-        ref_lengths = [len(t.prompt_ids) + len(t.response_ids) for t in ref_trajs]
+        lengths = [t.num_tokens for t in trajs]
+        ref_lengths = [t.num_tokens for t in ref_trajs]
         train_s, ref_s = max(times["time/train"], 1e-9), times.get("time/ref", 0.0)
         m = {"throughput/train_tokens_per_s": sum(lengths) / train_s}
         if ref_trajs and ref_s > 0:

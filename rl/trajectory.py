@@ -99,6 +99,11 @@ class Trajectory:
         return int(len(self.response_ids))
 
     @property
+    def num_tokens(self) -> int:
+        """Prompt + response: the positions the trainer runs the model over."""
+        return int(len(self.prompt_ids) + len(self.response_ids))
+
+    @property
     def num_generated_tokens(self) -> int:
         """The tokens the model generated: what length penalties, response lengths and throughput count."""
         return int(len(self.response_ids)) if self.generated is None else int(np.count_nonzero(self.generated))
@@ -155,7 +160,7 @@ def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> Train
     `packed` put them back to back in one row (no padding; see `TrainBatch`)."""
     if not trajs:
         raise ValueError("collate needs at least one trajectory")
-    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
+    lengths = [t.num_tokens for t in trajs]
     B = len(trajs)
     # where each sample starts in the flattened [rows * T] layout
     if packed:

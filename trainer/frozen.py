@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rl.config import logprob_temperature, pack_sequences
+from rl.config import head_options, logprob_temperature, pack_sequences
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
 from trainer.dist import pick_device
@@ -36,6 +36,7 @@ class FrozenModel:
         acfg = cfg["algorithm"]
         self.replay_routes = bool(acfg["keep_routing"]) and bool(acfg["ref_keep_routing"])
         self.packed = pack_sequences(cfg)
+        self.head = head_options(cfg)
 
     def ready(self) -> bool:
         return True
@@ -43,24 +44,16 @@ class FrozenModel:
     @torch.no_grad()
     def logprobs(self, trajs: list[Trajectory]) -> list[np.ndarray]:
         """log pi_frozen of every response token, one array per trajectory."""
-        tcfg = self.cfg["trainer"]
-        size = int(tcfg["micro_batch_size"])
+        size = int(self.cfg["trainer"]["micro_batch_size"])
         # longest first, so each micro-batch holds samples of similar length (little padding when not packed)
-        order = sorted(range(len(trajs)), key=lambda i: -(len(trajs[i].prompt_ids) + len(trajs[i].response_ids)))
+        order = sorted(range(len(trajs)), key=lambda i: -trajs[i].num_tokens)
         out: list[np.ndarray | None] = [None] * len(trajs)
         for start in range(0, len(trajs), size):
             idx = order[start : start + size]
             chunk = [trajs[i] for i in idx]
             batch = collate(chunk, self.tokenizer.pad_token_id, self.packed).to(self.device)
             with route_replay(self.model, batch, self.replay_routes):
-                res = forward_logprobs(
-                    self.model,
-                    batch,
-                    temperature=self.temperature,
-                    chunk_size=int(tcfg["logprob_chunk_size"]),
-                    fp32_head=bool(self.cfg["model"].get("fp32_lm_head", False)),
-                    support_head=tcfg.get("logprob_head", "dense") == "support",
-                )
+                res = forward_logprobs(self.model, batch, temperature=self.temperature, **self.head)
             logp = res.logprobs.float().cpu().numpy()
             bounds = np.cumsum([0] + [t.num_response_tokens for t in chunk])
             for i, a, b in zip(idx, bounds[:-1], bounds[1:]):

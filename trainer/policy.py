@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from rl.batching import micro_batches, micro_batches_per_minibatch
-from rl.config import logprob_temperature, pack_sequences
+from rl.config import head_options, logprob_temperature, pack_sequences
 from rl.metrics import accumulate_train_stats
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
@@ -103,10 +103,8 @@ class PolicyTrainer:
             self.engine.module.register_zero3_external_head()
         self.objective = OBJECTIVES[str(acfg.get("objective", "grpo"))]
         self.temperature = logprob_temperature(cfg["rollout"]) / scale
-        self.chunk_size = int(tcfg["logprob_chunk_size"])
-        self.fp32_head = bool(cfg["model"].get("fp32_lm_head", False))
+        self.head = head_options(cfg)  # chunk size, float32 head, support-only head
         self.packed = pack_sequences(cfg)  # one unpadded row per micro-batch (trainer.pack_sequences)
-        self.support_head = tcfg.get("logprob_head", "dense") == "support"
 
     def ready(self) -> int:
         return self.rank
@@ -146,9 +144,7 @@ class PolicyTrainer:
         return dict(sums)
 
     def _forward(self, batch, with_entropy: bool) -> ForwardOut:
-        return ForwardOut(*self.engine(batch, temperature=self.temperature, chunk_size=self.chunk_size,
-                                       with_entropy=with_entropy, fp32_head=self.fp32_head,
-                                       support_head=self.support_head))
+        return ForwardOut(*self.engine(batch, temperature=self.temperature, with_entropy=with_entropy, **self.head))
 
     @torch.no_grad()
     def _recompute_old(self, plan: list[list[list[Trajectory]]]) -> list[list[torch.Tensor]]:

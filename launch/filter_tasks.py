@@ -20,15 +20,13 @@ from pathlib import Path
 from launch.config import compose, prepare
 from launch.tracking import json_line
 from rl.config import ConfigError
-from rl.data import PromptMixture
-from rl.models import load_tokenizer
+from rl.data import load_domain_rows
 
 log = logging.getLogger(__name__)
 
 
 def filter_tasks(cfg: dict, domain: str, k: int, threshold: float, batch: int = 16) -> list[tuple[dict, int]]:
     """(task row, passing episodes out of k) for every task of the agent domain."""
-    from rollout.envs.base import load_env
     from rollout.worker import RolloutWorker
 
     if int(k) < 1:
@@ -36,11 +34,9 @@ def filter_tasks(cfg: dict, domain: str, k: int, threshold: float, batch: int = 
     cfg["domains"] = {domain: cfg["domains"][domain]}
     model_path = prepare(cfg)
     cfg["rollout"]["n_samples"] = int(k)  # after the training checks: k = 1 (pass@1) is fine here, GRPO needs 2
-    env_tasks = {str(t["id"]): t for t in load_env(cfg["domains"][domain]["agent"]["env"]).tasks()}
-    mixture = PromptMixture(cfg["domains"], load_tokenizer(model_path), seed=cfg["seed"],
-                            max_prompt_tokens=cfg["data"]["max_prompt_tokens"])
-    rows = mixture.rows[domain]
+    rows = load_domain_rows(domain, cfg["domains"][domain]["dataset"])
     worker = RolloutWorker(cfg, model_path, 0)
+    runner = worker._agents[domain]
     out = []
     for start in range(0, len(rows), batch):
         requests = [{"group_id": f"task-{i}", "domain": domain, "prompt_ids": [], "prompt_text": "", "sample": row}
@@ -48,8 +44,7 @@ def filter_tasks(cfg: dict, domain: str, k: int, threshold: float, batch: int = 
         trajs = worker.generate(requests, step=0)
         for j, req in enumerate(requests):
             scores = [t.episode["outcome"].get("score") or 0.0 for t in trajs[j * k : (j + 1) * k]]
-            row = env_tasks.get(str(req["sample"].get("id")), req["sample"])  # what rollout/agent.py ran
-            out.append((row, sum(s >= threshold for s in scores)))
+            out.append((runner.task_of(req["sample"]), sum(s >= threshold for s in scores)))
         log.info("filter_tasks: %d/%d tasks run", min(start + batch, len(rows)), len(rows))
     return out
 

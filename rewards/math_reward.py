@@ -165,10 +165,9 @@ def _said_answer(tail: str) -> Fraction | None:
         return plain_number(boxed) if boxed is not None else None
     if (m := _LONE_FRAC.search(tail)) is not None:
         rest = tail[: m.start()] + " " + tail[m.end():]  # the prose around the fraction: no other number or math
-        if int(m[3]) == 0 or _DIGITS.search(rest) or _NOT_PROSE.search(rest) or "-" in rest:
+        if _DIGITS.search(rest) or _NOT_PROSE.search(rest) or "-" in rest:
             return None
-        value = Fraction(int(m[2]), int(m[3]))
-        return -value if m[1] else value
+        return plain_number(m[0])  # None for a zero denominator
     if len(_DIGITS.findall(tail)) != 1 or _NOT_PROSE.search(tail):
         return None
     m = _LONE_INTEGER.search(tail)

@@ -147,6 +147,10 @@ class AgentRunner:
         self._pool = cf.ThreadPoolExecutor(max(1, int(cfg.tool_workers)), thread_name_prefix="agent-tools")
 
     # -- episode set-up ------------------------------------------------------------------------------------
+    def task_of(self, sample: dict) -> dict:
+        """The task an episode runs: the environment's own row with the sample's id, else the sample itself."""
+        return self._tasks.get(str(sample.get("id")), sample)
+
     def _prompt_ids(self, sample: dict) -> list[int]:
         system = "\n\n".join(x for x in (self.cfg.system_prompt, self.env.description) if x)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": str(sample["prompt"])}]
@@ -168,7 +172,7 @@ class AgentRunner:
         episodes: list[_Episode] = []
         try:
             for req in requests:
-                task = self._tasks.get(str(req["sample"].get("id")), req["sample"])
+                task = self.task_of(req["sample"])
                 prompt_ids = self._prompt_ids(task)
                 if len(prompt_ids) >= self.cfg.max_context_tokens:
                     log.warning("agent task %s: its first prompt is %d tokens, not below max_context_tokens=%d; its "

@@ -257,12 +257,13 @@ class VLLMEngine:
         want_mask = capture and sp.records_kept_sets
         hook = capture and self.capture == "sampler"
         vsp = self._sampling_params(sp, capture and not hook)
+        inputs, params = self._prompts(prompts), _per_prompt(vsp, len(prompts))
         if hook:
             from rollout.vllm_capture import collect_rpc, start_rpc
 
             self.llm.collective_rpc(start_rpc, args=(self.max_logprobs if want_mask else 0, self.overflow_ids))
             try:
-                outputs = self.llm.generate(self._prompts(prompts), _per_prompt(vsp, len(prompts)), use_tqdm=False)
+                outputs = self.llm.generate(inputs, params, use_tqdm=False)
             finally:  # always stop recording (the driver rank's result is the one that is not None)
                 t_collect = time.perf_counter()
                 rows = next((r for r in self.llm.collective_rpc(collect_rpc) if r is not None),
@@ -272,7 +273,7 @@ class VLLMEngine:
                 raise RuntimeError(f"rollout.capture=sampler failed inside vLLM ({rows['error']}); set "
                                    "rollout.capture=logprobs to take vLLM's logprobs output instead")
         else:
-            outputs = self.llm.generate(self._prompts(prompts), _per_prompt(vsp, len(prompts)), use_tqdm=False)
+            outputs = self.llm.generate(inputs, params, use_tqdm=False)
         t0 = time.perf_counter()
         comps = [sorted(req.outputs, key=lambda c: c.index) for req in outputs]
         if hook:

@@ -31,7 +31,9 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from rollout.thinking import THINK_CLOSE, THINK_OPEN, assistant_prefill, keep_reasoning, split_reasoning
+from rollout.thinking import (
+    THINK_CLOSE, THINK_OPEN, USER_ROLES, assistant_prefill, keep_reasoning, last_user_index, split_reasoning,
+)
 
 ZWSP = "\u200b"  # inserted after the first character of a special-token string found in a tool result
 SNIPPET = 200  # characters of a malformed call quoted back to the model
@@ -526,13 +528,13 @@ class DsmlFormat(ToolFormat):
             messages[0]["content"] = self.system_prompt(tools, messages[0].get("content"))
         if thinking:
             messages = keep_reasoning(messages)
-        last_user = max((i for i, m in enumerate(messages) if m.get("role") in ("user", "developer")), default=-1)
+        last_user = last_user_index(messages)
         out = [BOS] if add_bos else []
         for i, m in enumerate(messages):
             role, content = m.get("role"), m.get("content") or ""
             if role == "system":
                 out.append(content)
-            elif role in ("user", "developer"):
+            elif role in USER_ROLES:
                 out.append(f"{USER}{content}{ASSISTANT}" + assistant_prefill("dsml", thinking and i == last_user))
             elif role == "assistant":
                 if thinking and i > last_user:

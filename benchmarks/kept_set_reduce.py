@@ -21,7 +21,7 @@ def topk_version(processed, sampled, K):
 
 
 def main() -> None:
-    from rollout.kept_set import reduce_rows, reduce_rows_torch
+    from rollout.kept_set import KeptIdBuffer, reduce_rows, reduce_rows_torch
     from rollout.sampling import process_logits
 
     ap = argparse.ArgumentParser()
@@ -33,9 +33,19 @@ def main() -> None:
     processed = (logprobs + 1.0).to(torch.bfloat16)
     sampled = torch.multinomial(logprobs.exp(), 1).squeeze(1)
     K = 65
-    cases = {"fused kernel": lambda: reduce_rows(processed, sampled, K, True),
-             "top-K + logsumexp (before)": lambda: topk_version(processed, sampled, K),
-             "torch reference": lambda: reduce_rows_torch(processed, sampled, K, True)}
+    buf = KeptIdBuffer(64 * 2**20, "cuda")
+
+    def fused():
+        buf.counter.zero_()  # one decode step's worth of ids, the buffer reused (the capture drains it)
+        return reduce_rows(processed, sampled, True, buf)
+
+    def reference():
+        buf.counter.zero_()
+        return reduce_rows_torch(processed, sampled, True, buf)
+
+    cases = {"fused kernel (whole sets into the kept-id buffer)": fused,
+             "top-K + logsumexp (before; first K ids only)": lambda: topk_version(processed, sampled, K),
+             "torch reference": reference}
     print(f"{args.rows} rows x {args.vocab} vocab, bf16 logits, top_k=64 top_p=0.95, K={K}, {torch.cuda.get_device_name()}")
     print("| reduction | ms per step |\n|---|---|")
     for name, fn in cases.items():

@@ -7,11 +7,14 @@ Runs (`--runs`):
 - ours_p1:        `python -m launch.train +experiment=smol_math` (top_p=1.0)
 - ours_p095_ksm:  the same at top_p=0.95 with Keep Sampling Mask on (the whole kept set of every position replayed)
 - ours_p095_off:  top_p=0.95 with Keep Sampling Mask off
+- ours_p095_ksm_old: top_p=0.95 + Keep Sampling Mask, pi_old recomputed by the trainer before the update
+                  (`algorithm.old_logprobs=trainer`) with truncated importance sampling against vLLM's logprobs
+                  (what TRL does by default); the other runs take pi_old from vLLM (V3.2)
 - trl_p1:         TRL 1.16 GRPOTrainer, vLLM colocate, the same prompts (chat template, system prompt), reward
                   function (rewards.math_reward on the completion) and hyper-parameters (loss_type grpo,
                   scale_rewards none, beta 0, epsilon 0.2), fp32 master weights with bf16 autocast like ours
 Each run goes to `--out/<run>/` (ours: metrics.jsonl; TRL: steps.jsonl). Runs are spread over `--gpus` (one
-process per GPU at a time). `--report` reads whatever runs are in `--out` and prints the table, writes the plot
+process per GPU at a time, or `--per-gpu` at once: then s/step measures runs sharing a GPU). `--report` reads whatever runs are in `--out` and prints the table, writes the plot
 (`--plot`) and, with `--readme`, replaces the section between the markers in benchmarks/README.md.
 
     python benchmarks/learn_real.py --gpus 0 1 --steps 50 --out /tmp/learn_real
@@ -37,10 +40,13 @@ RUNS = {
     "ours_p1": ["rollout.top_p=1.0"],
     "ours_p095_ksm": ["rollout.top_p=0.95", "algorithm.keep_sampling_mask=true"],
     "ours_p095_off": ["rollout.top_p=0.95", "algorithm.keep_sampling_mask=false"],
+    "ours_p095_ksm_old": ["rollout.top_p=0.95", "algorithm.keep_sampling_mask=true", "algorithm.old_logprobs=trainer"],
     "trl_p1": [],
 }
 LABELS = {"ours_p1": "ours, top_p=1.0", "ours_p095_ksm": "ours, top_p=0.95 + Keep Sampling Mask",
-          "ours_p095_off": "ours, top_p=0.95, mask off", "trl_p1": "TRL 1.16 GRPOTrainer, top_p=1.0"}
+          "ours_p095_off": "ours, top_p=0.95, mask off",
+          "ours_p095_ksm_old": "ours, top_p=0.95 + Keep Sampling Mask, pi_old recomputed by the trainer + TIS",
+          "trl_p1": "TRL 1.16 GRPOTrainer, top_p=1.0"}
 
 
 def run_ours(name: str, out: Path, steps: int, extra: list[str], env: dict) -> None:
@@ -70,7 +76,7 @@ def trl_child(args) -> None:
     from rl.data import BUNDLED_DIR
     from rl.models import resolve_model_path
 
-    path = resolve_model_path(SMOLLM2)
+    path = args.model_path or resolve_model_path(SMOLLM2)
     rows = [json.loads(x) for x in (BUNDLED_DIR / "math.jsonl").read_text().splitlines() if x.strip()]
     data = Dataset.from_list([{"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": r["question"]}],
                                "answer": r["answer"]} for r in rows]).shuffle(seed=1)
@@ -81,7 +87,7 @@ def trl_child(args) -> None:
         for c, gold in zip(completions, answer):
             text = sanitize(c[0]["content"] if isinstance(c, list) else c)
             view = SampleView(response=text, answer=answer_part(text), sample={"answer": gold}, finish_reason="stop",
-                              num_response_tokens=0, domain="math", max_new_tokens=192)
+                              num_response_tokens=0, domain="math", max_new_tokens=args.max_new_tokens)
             try:
                 out.append(math_verify_reward(view, params))
             except (RewardZero, ValueError):
@@ -109,17 +115,21 @@ def trl_child(args) -> None:
                 with log_path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
 
-    kw = dict(
-        output_dir=str(run_dir / "trl"), learning_rate=2e-5, lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=0.0, max_grad_norm=1.0, per_device_train_batch_size=256, gradient_accumulation_steps=1,
-        num_generations=8, max_completion_length=192, temperature=1.0, top_p=args.top_p, top_k=0, beta=0.0,
-        epsilon=0.2, loss_type="grpo", scale_rewards="none", num_iterations=1, use_vllm=True, vllm_mode="colocate",
-        vllm_gpu_memory_utilization=0.3, bf16=True, max_steps=args.steps, logging_steps=1, report_to="none",
-        save_strategy="no", seed=1, remove_unused_columns=False,
+    samples = args.prompts * 8
+    micro = min(args.micro_batch, samples)
+    kw = dict(  # TRL's own defaults otherwise (gradient checkpointing on, vLLM importance-sampling correction on)
+        output_dir=str(run_dir / "trl"), learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=0.0, max_grad_norm=1.0, per_device_train_batch_size=micro,
+        gradient_accumulation_steps=samples // micro,  # one generation of `samples` per optimizer step
+        num_generations=8, max_completion_length=args.max_new_tokens, temperature=1.0, top_p=args.top_p, top_k=0,
+        beta=args.beta, epsilon=0.2, loss_type="grpo", scale_rewards="none", num_iterations=1, use_vllm=True,
+        vllm_mode="colocate", vllm_gpu_memory_utilization=args.vllm_mem, vllm_max_model_length=2048, bf16=True,
+        max_steps=args.steps, logging_steps=1, report_to="none", save_strategy="no", seed=1,
+        remove_unused_columns=False,
     )
     if args.smoke:  # a CPU check of this script's TRL wiring: tiny sizes, transformers generation
         kw.update(use_vllm=False, bf16=False, use_cpu=True, per_device_train_batch_size=4, num_generations=2,
-                  max_completion_length=8)
+                  max_completion_length=8, gradient_accumulation_steps=1)
     cfg = GRPOConfig(**kw)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # fp32 master weights, bf16 autocast
     trainer = GRPOTrainer(model=model, reward_funcs=[math_reward], args=cfg, train_dataset=data,
@@ -130,11 +140,13 @@ def trl_child(args) -> None:
 def launch(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    queues = {gpu: [] for gpu in args.gpus}
+    slots = [(gpu, j) for gpu in args.gpus for j in range(args.per_gpu)]  # runs at once on a GPU: per_gpu
+    queues = {slot: [] for slot in slots}
     for k, name in enumerate(args.runs):
-        queues[args.gpus[k % len(args.gpus)]].append(name)
+        queues[slots[k % len(slots)]].append(name)
 
-    def worker(gpu: str, names: list[str]) -> None:
+    def worker(slot: tuple[str, int], names: list[str]) -> None:
+        gpu = slot[0]
         for name in names:
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "PYTHONUNBUFFERED": "1",
                    "RAY_TMPDIR": tempfile.mkdtemp(prefix=f"ray-{name}-")}  # one local Ray cluster per run
@@ -167,14 +179,18 @@ def load(out: Path) -> dict[str, list[dict]]:
 def report(args) -> None:
     runs = load(Path(args.out))
     mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
-    lines = ["| run | steps | reward, first 10 steps | reward, last 10 steps | s/step (steps 2+) | kept-set cut (tokens) |",
-             "|---|---|---|---|---|---|"]
+    short = min((len(rows) for rows in runs.values()), default=0)  # a run cut short: compare all at its last 10
+    lines = ["| run | steps | reward, first 10 steps | reward, last 10 steps | reward, steps "
+             f"{max(short - 9, 1)}-{short} | s/step (steps 2+) | kept-set cut (tokens) | mean abs logp mismatch |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, rows in runs.items():
         rewards = [r["reward"] for r in rows]
         secs = [r["seconds"] for r in rows[1:] if r.get("seconds") is not None]
         cut = [r["kept_set_cut_frac"] for r in rows if r.get("kept_set_cut_frac") is not None]
+        mism = [r["mismatch"] for r in rows if r.get("mismatch") is not None]
         lines.append(f"| {LABELS[name]} | {len(rows)} | {mean(rewards[:10]):.3f} | {mean(rewards[-10:]):.3f} | "
-                     f"{mean(secs):.2f} | {max(cut) if cut else '-'} |")
+                     f"{mean(rewards[max(short - 10, 0):short]):.3f} | {mean(secs):.2f} | {max(cut) if cut else '-'} | "
+                     f"{f'{mean(mism):.3f}' if mism else '-'} |")
     table = "\n".join(lines)
     print(table)
     if args.plot:
@@ -183,13 +199,13 @@ def report(args) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig, ax = plt.subplots(figsize=(8, 4.5))
         for name, rows in runs.items():
             ax.plot([r["step"] for r in rows], [r["reward"] for r in rows], label=LABELS[name])
         ax.set_xlabel("step")
         ax.set_ylabel("mean reward (math-verify)")
         ax.set_title("GRPO on SmolLM2-135M-Instruct, bundled arithmetic")
-        ax.legend()
+        ax.legend(fontsize=7, loc="upper left")
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
     if args.readme:
@@ -210,6 +226,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     ap.add_argument("--gpus", nargs="+", default=["0"])
+    ap.add_argument("--per-gpu", type=int, default=1, help="runs sharing one GPU at a time (vLLM memory 0.3 each)")
     ap.add_argument("--extra", nargs="*", default=[], help="more overrides for our runs")
     ap.add_argument("--report", action="store_true")
     ap.add_argument("--plot")
@@ -218,6 +235,13 @@ def main() -> None:
     ap.add_argument("--trl-child", action="store_true")
     ap.add_argument("--run")
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--model-path", help="with --trl-child: a model dir instead of SmolLM2 (benchmarks/grpo_step.py)")
+    ap.add_argument("--prompts", type=int, default=32, help="with --trl-child: prompts per step (x 8 samples)")
+    ap.add_argument("--max-new-tokens", type=int, default=192)
+    ap.add_argument("--beta", type=float, default=0.0, help="with --trl-child: KL coefficient")
+    ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--micro-batch", type=int, default=256, help="with --trl-child: samples per forward/backward")
+    ap.add_argument("--vllm-mem", type=float, default=0.3)
     ap.add_argument("--smoke", action="store_true", help="with --trl-child: tiny CPU run without vLLM")
     args = ap.parse_args()
     if args.trl_child:

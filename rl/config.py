@@ -113,8 +113,9 @@ def validate(cfg: Mapping) -> None:
     check_number(t, "grad_clip", "trainer", lo=0)
     check_number(t, "lr", "trainer", lo=0)
     check_choice(t, "zero_stage", "trainer", {0, 1, 2, 3})
-    if "pack_sequences" in t:
-        check_choice(t, "pack_sequences", "trainer", AUTO_BOOL)
+    for key in ("pack_sequences", "gradient_checkpointing"):
+        if key in t:
+            check_choice(t, key, "trainer", AUTO_BOOL)
     if "logprob_head" in t:
         check_choice(t, "logprob_head", "trainer", {"support", "dense"})
     check_number(a, "clip_eps_low", "algorithm", lo=0, hi=1)

@@ -40,7 +40,7 @@ def peak_tflops(device_name: str) -> float | None:
     return None
 
 
-def _get(config, *names, default=None):
+def config_get(config, *names, default=None):
     for name in names:
         value = getattr(config, name, None)
         if value is not None:
@@ -66,18 +66,18 @@ def body_flops(config) -> BodyFlops:
     """FLOPs coefficients of a decoder-only model's body from its HF config (Llama/Qwen-style GQA attention or
     DeepSeek MLA; gated MLPs; Qwen-MoE, OLMoE, Mixtral and DeepSeek MoE layers). Raises ValueError when the config
     lacks what the count needs."""
-    d, layers = _get(config, "hidden_size"), _get(config, "num_hidden_layers")
-    heads = _get(config, "num_attention_heads")
+    d, layers = config_get(config, "hidden_size"), config_get(config, "num_hidden_layers")
+    heads = config_get(config, "num_attention_heads")
     if not (d and layers and heads):
         raise ValueError("the model config has no hidden_size / num_hidden_layers / num_attention_heads")
-    if _get(config, "kv_lora_rank"):  # DeepSeek multi-head latent attention
+    if config_get(config, "kv_lora_rank"):  # DeepSeek multi-head latent attention
         nope, rope, d_v = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
-        d_qk, q_rank, kv_rank = nope + rope, _get(config, "q_lora_rank"), config.kv_lora_rank
+        d_qk, q_rank, kv_rank = nope + rope, config_get(config, "q_lora_rank"), config.kv_lora_rank
         q = d * q_rank + q_rank * heads * d_qk if q_rank else d * heads * d_qk
         attn = q + d * (kv_rank + rope) + kv_rank * heads * (nope + d_v) + heads * d_v * d
     else:
-        head_dim = _get(config, "head_dim", default=d // heads)
-        kv_heads = _get(config, "num_key_value_heads", default=heads)
+        head_dim = config_get(config, "head_dim", default=d // heads)
+        kv_heads = config_get(config, "num_key_value_heads", default=heads)
         d_qk = d_v = head_dim
         attn = d * head_dim * (heads + 2 * kv_heads) + heads * head_dim * d
     try:
@@ -87,11 +87,11 @@ def body_flops(config) -> BodyFlops:
     dense_mlp = 3 * d * config.intermediate_size
     moe_mlp = 0
     if moe_layers:
-        experts = _get(config, "num_experts", "num_local_experts", "n_routed_experts")
-        expert_ff = _get(config, "moe_intermediate_size", "intermediate_size")
+        experts = config_get(config, "num_experts", "num_local_experts", "n_routed_experts")
+        expert_ff = config_get(config, "moe_intermediate_size", "intermediate_size")
         moe_mlp = d * experts + config.num_experts_per_tok * 3 * d * expert_ff
-        moe_mlp += 3 * d * expert_ff * (_get(config, "n_shared_experts", default=0) or 0)  # DeepSeek
-        shared_ff = _get(config, "shared_expert_intermediate_size", default=0) or 0  # Qwen2-MoE: one gated expert
+        moe_mlp += 3 * d * expert_ff * (config_get(config, "n_shared_experts", default=0) or 0)  # DeepSeek
+        shared_ff = config_get(config, "shared_expert_intermediate_size", default=0) or 0  # Qwen2-MoE: one gated expert
         moe_mlp += (3 * d * shared_ff + d) if shared_ff else 0
     mlp = sum(moe_mlp if i in moe_layers else dense_mlp for i in range(layers))
     return BodyFlops(linear_per_token=2.0 * (layers * attn + mlp), attn_per_pair=2.0 * layers * heads * (d_qk + d_v))

@@ -124,6 +124,8 @@ def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int
         "tis/weight_mean": ratio("is_weight_sum", "tokens") if "is_weight_sum" in s else None,
         "tis/clip_frac": ratio("is_clip_sum", "tokens") if "is_weight_sum" in s else None,
         "lr": s["lr"] / n_ranks,
+        # trainer.gradient_checkpointing (auto: chosen per step from the activation estimate; the share of ranks on)
+        "perf/gradient_checkpointing": s["gradient_checkpointing"] / n_ranks,
         "opsm/masked_frac": sum(s[f"opsm_masked/{d}"] for d in domains) / max(sum(s[f"seqs/{d}"] for d in domains), 1),
     }
     for d in domains:

@@ -211,6 +211,47 @@ def test_fast_path_decides_plain_numbers_exactly_as_math_verify():
     assert decided >= len(PLAIN) + len(generated) // 3
 
 
+INTERVALS = [  # (response, reference): decided by the shortcut
+    ("\\boxed{[4, 8]}", "[4, 8]"), ("\\boxed{[4,8]}", "[4, 8]"), ("\\boxed{[4, 9]}", "[4, 8]"),
+    ("\\boxed{(1, 3]}", "(1, 3]"), ("\\boxed{(1, 4]}", "(1, 3]"), ("\\boxed{-1}", "[4, 8]"),
+    ("The answer is -1.", "[3, 12]"), ("\\boxed{[4.0, 8]}", "[4, 8]"), ("so $x$ is in \\boxed{[-2, 5)}.", "[-2, 5)"),
+]
+INTERVALS_UNDECIDED = [  # left to math-verify
+    ("The answer is [1, 7].", "[1, 7]"), ("\\boxed{(4, 8)}", "[4, 8]"), ("\\boxed{[4, 8.5]}", "[4, 8]"),
+    ("\\boxed{[1, 2] \\cup [3, 4]}", "[1, 2]"), ("\\boxed{[4, 8]} or \\boxed{[4, 9]}", "[4, 8]"),
+    ("\\boxed{x}", "[4, 8]"), ("\\boxed{[5, 5]}", "[5, 5]"),
+]
+
+
+def test_fast_path_decides_intervals_exactly_as_math_verify():
+    from rewards.math_reward import fast_math_check
+
+    params = {"max_answer_chars": 4000, "inner_timeout_s": 5}
+    rng = np.random.default_rng(1)
+    generated = []
+    for _ in range(60):  # random intervals, right and wrong ends, every bracket pair, boxed and in prose
+        a = int(rng.integers(-9, 9))
+        b = a + int(rng.integers(1, 9))
+        left, right = rng.choice(["[", "("]), rng.choice(["]", ")"])
+        gold = f"{left}{a}, {b}{right}"
+        c, d = a + int(rng.integers(-1, 2)), b + int(rng.integers(-1, 2))
+        pl, pr = (left, right) if rng.random() < 0.7 else (rng.choice(["[", "("]), rng.choice(["]", ")"]))
+        pred = f"{pl}{c}, {d}{pr}" if c < d else f"{pl}{a}, {b}{pr}"
+        generated += [(f"Thus \\boxed{{{pred}}}", gold), (f"The answer is {c}.", gold), (f"\\boxed{{{d}}}", gold)]
+    decided = 0
+    for text, gold in INTERVALS + INTERVALS_UNDECIDED + generated:
+        view = _view(text, gold)
+        fast = fast_math_check(view, params)
+        if fast is not None:
+            decided += 1
+            assert fast == _slow_score(view, params), (text, gold, fast)
+    for text, gold in INTERVALS:
+        assert fast_math_check(_view(text, gold), params) is not None, (text, gold)
+    for text, gold in INTERVALS_UNDECIDED:
+        assert fast_math_check(_view(text, gold), params) is None, (text, gold)
+    assert decided >= len(INTERVALS) + len(generated) // 2
+
+
 def test_plain_answers_never_reach_the_pool(composer, monkeypatch):
     sent = []
     real_run = composer._pool.run

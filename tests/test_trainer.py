@@ -75,6 +75,23 @@ def test_zero3_with_checkpointing_and_replay_equals_zero2(setup):
     assert sums["optimizer_steps"] == 1 and sums["tokens"] == sum(t.num_response_tokens for t in trajs)
 
 
+def test_auto_checkpointing_follows_the_free_memory(setup, monkeypatch):
+    """trainer.gradient_checkpointing=auto: off when the largest micro-batch's activations fit in the free GPU memory,
+    on when they do not (the free memory is stood in for here), off on CPU; the choice is logged per step."""
+    import trainer.policy as policy
+
+    cfg, trajs, path = setup
+    cfg = copy.deepcopy(cfg)
+    cfg["trainer"]["gradient_checkpointing"] = "auto"
+    tr = PolicyTrainer(cfg, path, 0, 1, "127.0.0.1", _port())
+    norms = [(len(trajs), int(sum(t.num_response_tokens for t in trajs)))]
+    assert tr.train_step([trajs], norms)["gradient_checkpointing"] == 0.0  # CPU: no GPU memory to fit
+    monkeypatch.setattr(policy, "free_memory_bytes", lambda device: 10_000)
+    assert tr.train_step([trajs], norms)["gradient_checkpointing"] == 1.0 and tr.model.is_gradient_checkpointing
+    monkeypatch.setattr(policy, "free_memory_bytes", lambda device: 10**12)
+    assert tr.train_step([trajs], norms)["gradient_checkpointing"] == 0.0 and not tr.model.is_gradient_checkpointing
+
+
 def test_packed_micro_batches_and_the_support_head_give_the_same_update(setup):
     """trainer.pack_sequences=true (unpadded rows, token-balanced micro-batches) and trainer.logprob_head=support
     give the same update as the default; the reference gives the same logprobs packed, in the caller's order."""

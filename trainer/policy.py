@@ -18,6 +18,7 @@ import torch
 
 from rl.batching import micro_batches, micro_batches_per_minibatch
 from rl.config import head_options, logprob_temperature, pack_sequences
+from rl.memory import activation_bytes, micro_batch_tokens, should_checkpoint
 from rl.metrics import accumulate_train_stats
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
@@ -68,6 +69,16 @@ def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int) -
     return config
 
 
+def free_memory_bytes(device) -> int | None:
+    """Bytes this process can still allocate on its GPU (free on the device + cached by torch but unused); None on
+    CPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+
+
 class PolicyTrainer:
     def __init__(self, cfg: dict, model_path: str, rank: int, world_size: int, master_addr: str, master_port: int):
         tcfg, acfg = cfg["trainer"], cfg["algorithm"]
@@ -89,10 +100,10 @@ class PolicyTrainer:
             from rl.routing import moe_layers
 
             moe_layers(model)  # raises UnsupportedMoEError now rather than mid-run
-        if tcfg["gradient_checkpointing"]:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
         self.model = model
+        model.config.use_cache = False
+        self.checkpointing_mode = str(tcfg["gradient_checkpointing"]).lower()  # true | false | auto (per step)
+        self._set_checkpointing(self.checkpointing_mode == "true")
         self.grad_accum = micro_batches_per_minibatch(cfg, world_size)
         ds_cfg = deepspeed_config(tcfg, cfg["model"]["dtype"], self.grad_accum, world_size)
         self.engine, _, _, _ = deepspeed.initialize(
@@ -124,6 +135,9 @@ class PolicyTrainer:
         for trajs, micro in zip(minibatches, plan):
             if len(micro) != self.grad_accum:  # DeepSpeed steps the optimizer every grad_accum micro-steps
                 raise ValueError(f"rank {self.rank}: mini-batch of {len(trajs)} gives {len(micro)} micro-batches, expected {self.grad_accum}")
+        if self.checkpointing_mode == "auto":
+            self._auto_checkpointing(plan)
+        sums["gradient_checkpointing"] = float(self.checkpointing)
         # algorithm.old_logprobs=trainer: pi_old is this policy's own logprob before the first update
         old = self._recompute_old(plan) if self.cfg["algorithm"].get("old_logprobs") == "trainer" else None
         for mb_index, (micro, norm) in enumerate(zip(plan, norms)):
@@ -142,6 +156,31 @@ class PolicyTrainer:
             sums["optimizer_steps"] += 1
         sums["lr"] = float(self.engine.get_lr()[0])
         return dict(sums)
+
+    def _set_checkpointing(self, on: bool) -> None:
+        m = self.model  # transformers >= 5.22 names it activation checkpointing (the old names warn)
+        if on and not getattr(self, "checkpointing", False):
+            if hasattr(m, "activation_checkpointing_enable"):
+                m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif not on and getattr(self, "checkpointing", False):
+            (getattr(m, "activation_checkpointing_disable", None) or m.gradient_checkpointing_disable)()
+        self.checkpointing = bool(on)
+
+    def _auto_checkpointing(self, plan: list[list[list[Trajectory]]]) -> None:
+        """trainer.gradient_checkpointing=auto: on for this step only when the largest micro-batch's activations
+        (rl/memory.py) would take more than 80% of the GPU memory free now (a colocated vLLM is asleep); off on CPU."""
+        free = free_memory_bytes(self.engine.device)
+        if free is None:
+            return self._set_checkpointing(False)
+        tokens = max(micro_batch_tokens(chunk, self.packed) for micro in plan for chunk in micro)
+        dtype_bytes = torch_dtype(self.cfg["model"]["dtype"]).itemsize
+        need = activation_bytes(self.model.config, tokens, dtype_bytes, False, int(self.head["chunk_size"]))
+        on = torch.tensor([float(should_checkpoint(need, free))], device=self.engine.device)
+        if self.world_size > 1:  # one choice for all ranks: ZeRO-3's recompute gathers parameters again (collectives)
+            torch.distributed.all_reduce(on, op=torch.distributed.ReduceOp.MAX)
+        self._set_checkpointing(bool(on.item()))
 
     def _forward(self, batch, with_entropy: bool) -> ForwardOut:
         return ForwardOut(*self.engine(batch, temperature=self.temperature, with_entropy=with_entropy, **self.head))

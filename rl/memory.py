@@ -1,0 +1,73 @@
+"""Activation memory of a training micro-batch, from the model's config alone, for
+`trainer.gradient_checkpointing=auto`: recompute activations in backward only when those of the step's largest
+micro-batch would not fit in the GPU memory left free (recomputation costs ~20-30% of train throughput, and a
+colocated vLLM asleep leaves most of the GPU to the trainer).
+
+What backward keeps per token (the tensors autograd saves in forward, parameters excluded, each storage counted
+once), measured with `torch.autograd.graph.saved_tensors_hooks` on Qwen3, Llama and Qwen3-MoE configs of several
+widths (16-bit activations, sdpa attention, by differencing 2- and 4-layer models; tests/test_memory.py checks
+the fit) and fitted as
+
+    per decoder layer:  6 h + 24 h_kv + 11 I_active  bytes            (+ 9 k h + 4 E for a routed MoE layer)
+    with checkpointing: 2 h bytes per layer (its input), plus one layer's full set while it is recomputed
+    outside the layers: 6 h bytes (embeddings, final norm)
+
+with h the hidden size, h_kv = kv heads x head dim, I_active the MLP width a token goes through (the dense MLP's
+intermediate size, or k x the expert width plus shared experts), k the experts per token and E the experts.
+32-bit activations take twice as much. The LM head's log-softmax runs in chunks (`trainer.logprob_chunk_size`):
+about 3 x chunk x vocab x 4 bytes (float32 logits, their softmax and gradient) on top, whatever the micro-batch.
+The fit is within ~10% of the measured dense configs and ~5% of the MoE; `should_checkpoint` keeps a 20% margin.
+"""
+
+from __future__ import annotations
+
+from rl.flops import config_get
+from rl.routing import UnsupportedMoEError, moe_layer_indices
+
+
+def _layer_bytes_16bit(config) -> tuple[float, float]:
+    """(bytes per token of a dense layer, of an MoE layer) with 16-bit activations."""
+    h = config_get(config, "hidden_size")
+    heads = config_get(config, "num_attention_heads")
+    head_dim = config_get(config, "head_dim", "qk_nope_head_dim", default=h // heads)
+    kv = config_get(config, "num_key_value_heads", default=heads) * head_dim
+    dense = 6 * h + 24 * kv + 11 * config.intermediate_size
+    experts = config_get(config, "num_experts", "num_local_experts", "n_routed_experts")
+    if not experts:
+        return dense, dense
+    k = config.num_experts_per_tok
+    expert_ff = config_get(config, "moe_intermediate_size", "intermediate_size")
+    shared = (config_get(config, "n_shared_experts", default=0) or 0) * expert_ff
+    shared += config_get(config, "shared_expert_intermediate_size", default=0) or 0
+    moe = 6 * h + 24 * kv + 11 * (k * expert_ff + shared) + 9 * k * h + 4 * experts
+    return dense, moe
+
+
+def activation_bytes(config, tokens: int, dtype_bytes: int = 2, checkpointing: bool = False,
+                     head_chunk: int = 1024) -> int:
+    """Peak bytes of what one micro-batch of `tokens` positions keeps for backward (see the module docstring)."""
+    h, layers = config_get(config, "hidden_size"), config_get(config, "num_hidden_layers")
+    try:
+        moe = set(moe_layer_indices(config) or ())
+    except UnsupportedMoEError:
+        moe = set()
+    dense, moe_layer = _layer_bytes_16bit(config)
+    per_layer = [moe_layer if i in moe else dense for i in range(layers)]
+    if checkpointing:
+        per_token = 2 * h * layers + max(per_layer)  # layer inputs, and the layer being recomputed
+    else:
+        per_token = sum(per_layer)
+    scale = max(dtype_bytes, 2) / 2
+    head = 3 * min(head_chunk, tokens) * config_get(config, "vocab_size", default=0) * 4
+    return int(scale * (per_token + 6 * h) * tokens + head)
+
+
+def micro_batch_tokens(trajs, packed: bool) -> int:
+    """Positions the model runs over for one micro-batch: the sum of lengths packed, rows x the longest padded."""
+    lengths = [t.num_tokens for t in trajs]
+    return sum(lengths) if packed else len(lengths) * max(lengths, default=0)
+
+
+def should_checkpoint(activation_bytes_without: int, free_bytes: int, margin: float = 0.8) -> bool:
+    """Recompute when the activations without it would take more than `margin` of the free memory."""
+    return activation_bytes_without > margin * free_bytes

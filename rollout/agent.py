@@ -44,7 +44,7 @@ class AgentConfig:
     max_context_tokens: int = 4096  # prompt + everything after it; nothing longer is sent to the engine
     max_episode_tokens: int = 2048  # generated + tool tokens after the first prompt
     max_tool_output_tokens: int = 512  # one tool result, after which it is cut in the middle with a marker
-    tool_timeout_s: float = 10.0
+    tool_timeout_s: float | None = None  # per tool call; None = the environment's own limits.tool_timeout_s
     thinking: bool = False  # thinking mode: the assistant reasons in <think>...</think> before acting
     format: str = "auto"  # tool-call format: auto (from the tokenizer) | hermes | dsml
     require_submit: bool = True  # an answer without a tool call is sent back as an error until the model submits
@@ -62,6 +62,11 @@ class AgentConfig:
             if f.name not in values or f.name == "env":
                 continue
             v, default = values[f.name], f.default
+            if f.name == "tool_timeout_s":  # a number of seconds, or null for the environment's own limit
+                ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0)
+                if not ok:
+                    raise ValueError(f"{f.name}={v!r}: expected a positive number or null")
+                continue
             if isinstance(default, bool):
                 ok = isinstance(v, bool)
             elif isinstance(default, (int, float)):

@@ -193,6 +193,25 @@ def verify(task, state):
 '''
 
 
+def test_tool_calls_keep_the_environments_own_time_limit(tmp_path, tok):
+    """Without `tool_timeout_s` in the domain's agent block, a tool call gets its environment's
+    limits.tool_timeout_s (here 0.3 s); the block's value, when given, overrides it."""
+    from test_envs import make_env_dir
+
+    env_dir = make_env_dir(tmp_path, [{"id": "t0", "prompt": "rest", "answer": "hi"}],
+                           limits="{tool_timeout_s: 0.3, max_output_chars: 200}")
+    sleepy = '<tool_call>\n{"name": "sleepy", "arguments": {"seconds": 1.0}}\n</tool_call>'
+    request = {**_request(), "sample": {"id": "t0", "prompt": "rest"}}
+    (t,) = AgentRunner(ScriptedEngine(tok, [sleepy]), tok, AgentConfig(env=str(env_dir), max_turns=1)).run([request], SP)
+    assert [c["status"] for c in t.episode["calls"]] == ["timeout"]
+    (t,) = AgentRunner(ScriptedEngine(tok, [sleepy]), tok,
+                       AgentConfig(env=str(env_dir), max_turns=1, tool_timeout_s=5)).run([request], SP)
+    assert [c["status"] for c in t.episode["calls"]] == ["ok"]
+    assert AgentConfig.from_config({"env": "smoke"}).tool_timeout_s is None
+    with pytest.raises(ValueError, match="tool_timeout_s=0: expected a positive number or null"):
+        AgentConfig.from_config({"env": "smoke", "tool_timeout_s": 0})
+
+
 def test_a_verifier_that_raises_fails_the_reward_not_the_run(tmp_path, tok):
     """A new environment is a directory (env.yaml, env.py with TOOLS and verify, tasks.jsonl); its verifier's
     exception becomes the episode's outcome error, and the env_verifier part fails: advantage 0, no baseline say."""

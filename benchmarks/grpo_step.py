@@ -30,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from learn_real import ours_command  # noqa: E402  (benchmarks/, this script's directory)
+
 # ours: overrides of +experiment=smol_math; trl: learn_real.py --trl-child arguments (the same work)
 BENCHES = {
     "qwen06b": dict(
@@ -66,9 +68,7 @@ def run(cmd: list[str], log: Path, timeout: float) -> float:
 
 def run_ours(bench: str, path: str, out: Path, steps: int, timeout: float) -> Path:
     run_dir = out / f"{bench}-ours"
-    cmd = [sys.executable, "-m", "launch.train", "+experiment=smol_math", f"model.path={path}", f"run_dir={run_dir}",
-           f"trainer.total_steps={steps}", "eval.every=0", "logger.mode=disabled", "logger.progress_bar=false",
-           *BENCHES[bench]["ours"]]
+    cmd = ours_command(run_dir, steps, [f"model.path={path}", *BENCHES[bench]["ours"]])
     wall = run(cmd, out / f"{bench}-ours.log", timeout)
     print(f"  ours: {wall:.0f} s wall", flush=True)
     return run_dir / "metrics.jsonl"

@@ -48,10 +48,15 @@ LABELS = {"ours_p1": "ours, top_p=1.0", "ours_p095_ksm": "ours, top_p=0.95 + Kee
           "trl_p1": "TRL 1.16 GRPOTrainer, top_p=1.0"}
 
 
+def ours_command(run_dir: Path, steps: int, overrides: list[str]) -> list[str]:
+    """This project's run of the benchmark (`+experiment=smol_math`, no eval, no W&B) with `overrides`."""
+    return [sys.executable, "-m", "launch.train", "+experiment=smol_math", f"run_dir={run_dir}",
+            f"trainer.total_steps={steps}", "eval.every=0", "logger.mode=disabled", "logger.progress_bar=false",
+            *overrides]
+
+
 def run_ours(name: str, out: Path, steps: int, extra: list[str], env: dict) -> None:
-    cmd = [sys.executable, "-m", "launch.train", "+experiment=smol_math", f"run_dir={out / name}",
-           f"trainer.total_steps={steps}", "eval.every=0", "logger.mode=disabled", "logger.progress_bar=false",
-           *RUNS[name], *extra]
+    cmd = ours_command(out / name, steps, [*RUNS[name], *extra])
     with open(out / f"{name}.log", "w") as log:
         subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
 

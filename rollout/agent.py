@@ -61,24 +61,21 @@ class AgentConfig:
         for f in dataclasses.fields(cls):
             if f.name not in values or f.name == "env":
                 continue
-            v, default = values[f.name], f.default
-            if f.name == "tool_timeout_s":  # a number of seconds, or null for the environment's own limit
-                ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0)
-                if not ok:
-                    raise ValueError(f"{f.name}={v!r}: expected a positive number or null")
+            # the annotation says what a value may be (a string here: `from __future__ import annotations`)
+            v, kind, nullable = values[f.name], f.type.split(" | ")[0], f.type.endswith("| None")
+            if v is None and nullable:
                 continue
-            if isinstance(default, bool):
-                ok = isinstance(v, bool)
-            elif isinstance(default, (int, float)):
+            if kind == "bool":
+                ok, want = isinstance(v, bool), "true or false"
+            elif kind in ("int", "float"):
                 ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and \
-                    (isinstance(default, float) or float(v).is_integer())
-            else:  # strings (system_prompt may be null)
-                ok = isinstance(v, str) or (v is None and default is None)
+                    (kind == "float" or float(v).is_integer())
+                want = "a positive number"
+            else:
+                ok, want = isinstance(v, str), "a string"
             if not ok:
-                kind = "true or false" if isinstance(default, bool) else "a positive number" if isinstance(
-                    default, (int, float)) else "a string"
-                raise ValueError(f"{f.name}={v!r}: expected {kind}")
-            if isinstance(default, int) and not isinstance(default, bool):
+                raise ValueError(f"{f.name}={v!r}: expected {want}{' or null' if nullable else ''}")
+            if kind == "int":
                 values[f.name] = int(v)
         if not isinstance(values.get("env"), str) or not values["env"]:
             raise ValueError("env: name a bundled environment (smoke | search | code_interpreter | trip_planning) "

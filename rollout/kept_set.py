@@ -66,7 +66,7 @@ def reduce_rows_torch(processed: torch.Tensor, sampled: torch.Tensor, logits: bo
     total = finite.sum(1, dtype=torch.int32)
     first = int(buffer.counter.item())
     ends = first + total.to(torch.int64).cumsum(0)
-    starts = ends - total.to(torch.int64)
+    starts = ends - total
     fits = ends <= buffer.capacity  # a prefix of the rows: the counter only grows
     ids = (finite & fits[:, None]).nonzero()[:, 1].to(torch.int32)  # row-major: each row's ids back to back
     buffer.ids[first : first + len(ids)] = ids.to(buffer.ids.device)

@@ -256,7 +256,7 @@ def assemble(data: dict, completions: list[tuple[str, int, np.ndarray]]) -> list
             gather = np.repeat(src - offsets[:-1], counts) + np.arange(offsets[-1])
             ids = data["flat"][gather] if len(data["flat"]) else np.zeros(len(gather), np.int32)
             ids[offsets[:-1][cut]] = data["tok"][rows][cut]
-            result.update(kept_ids=ids.astype(np.int32), kept_offsets=offsets, cut=cut)
+            result.update(kept_ids=ids.astype(np.int32, copy=False), kept_offsets=offsets, cut=cut)
         out.append(result)
     return out
 

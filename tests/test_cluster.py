@@ -10,10 +10,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from launch.cluster import ActorPool
+from launch.cluster import ActorPool, RolloutInFlight
 from launch.placement import ColocatedPlacement
 from rl.config import resolve_auto
 from rl.data import PromptMixture
+from rewards.worker import RewardWorker
 from rl.models import load_tokenizer
 from rollout.worker import RolloutWorker
 
@@ -82,6 +83,37 @@ def test_a_worker_that_keeps_timing_out_ends_with_a_clear_error(ray_local, tiny_
     with pytest.raises(RuntimeError, match=r"rollout worker 0: generate failed twice \(last: exceeded 0.01s\)"):
         pool.map("generate", reqs, 1)
     assert pool.actors[0] is not first  # the hung worker was replaced (and killed), not waited on
+
+
+def test_shares_are_scored_as_soon_as_they_are_generated(ray_local, tiny_dense_path):
+    """The reward worker gets each share straight from its rollout worker: scoring finishes before the driver
+    collects anything (with rollout.max_staleness = 1 the driver is training then). A share whose worker died is
+    retried and then scored; nothing is lost."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=["+experiment=smoke_learn"]), resolve=True)
+    resolve_auto(cfg, is_moe=False)
+    rollout_cls, reward_cls = ray.remote(num_cpus=0.25)(RolloutWorker), ray.remote(num_cpus=0.25)(RewardWorker)
+    rollout = ActorPool("rollout", lambda i: rollout_cls.remote(cfg, tiny_dense_path, i), 2)
+    rewards = ActorPool("reward", lambda i: reward_cls.remote(cfg), 1)
+    rollout.wait_ready()
+    rewards.wait_ready()
+    reqs = PromptMixture(cfg["domains"], load_tokenizer(tiny_dense_path), seed=1, max_prompt_tokens=512).next_batch(4)
+    for i, r in enumerate(reqs):
+        r["group_id"] = f"g{i}"
+    n = len(reqs) * cfg["rollout"]["n_samples"]
+    inflight = RolloutInFlight(rollout, rewards, reqs, 1, None)
+    done, _ = ray.wait(inflight.early, num_returns=2, timeout=120)  # nobody has asked for the results yet
+    assert len(done) == 2
+    scored = inflight.scoring().collect()
+    assert len(scored) == n and all(t.reward_parts for t in scored)
+    assert [t.group_id for t in scored] == [r["group_id"] for r in reqs for _ in range(cfg["rollout"]["n_samples"])]
+    assert [t.reward for t in scored] == [t.reward for t in ray.get(inflight.early[0]) + ray.get(inflight.early[1])]
+
+    ray.kill(rollout.actors[1])
+    inflight = RolloutInFlight(rollout, rewards, reqs, 1, None)
+    scored = inflight.scoring().collect()
+    assert inflight.generate.retried == {1}
+    assert len(scored) == n and all(t.reward_parts for t in scored)
 
 
 @ray.remote

@@ -50,6 +50,7 @@ class AgentConfig:
     require_submit: bool = True  # an answer without a tool call is sent back as an error until the model submits
     system_prompt: str | None = None  # added before the environment's description
     tool_workers: int = 16  # concurrent tool calls per rollout worker
+    demo: bool = False  # show one solved episode of another task first (the environment's reference solution)
 
     @classmethod
     def from_config(cls, block: Mapping) -> "AgentConfig":
@@ -80,6 +81,8 @@ class AgentConfig:
         if not isinstance(values.get("env"), str) or not values["env"]:
             raise ValueError("env: name a bundled environment (smoke | search | code_interpreter | trip_planning) "
                              "or a directory")
+        if values.get("demo") and values.get("thinking"):
+            raise ValueError("demo: the demonstration's turns carry no reasoning; use it with thinking: false")
         return cls(**values)
 
 
@@ -146,6 +149,7 @@ class AgentRunner:
         self.tools = self.env.tool_schemas()
         # A request's sample may be just {id, prompt}: the environment's own task row (with its data) is used then.
         self._tasks = {str(t["id"]): t for t in self.env.tasks()}
+        self._demos: dict[str, str] = {}  # agent.demo: the solved episode's turns, per demonstration task
         self._pool = cf.ThreadPoolExecutor(max(1, int(cfg.tool_workers)), thread_name_prefix="agent-tools")
 
     # -- episode set-up ------------------------------------------------------------------------------------
@@ -155,9 +159,45 @@ class AgentRunner:
 
     def _prompt_ids(self, sample: dict) -> list[int]:
         system = "\n\n".join(x for x in (self.cfg.system_prompt, self.env.description) if x)
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": str(sample["prompt"])}]
+        demo = self._demo_task(sample) if self.cfg.demo else None
+        first = demo if demo is not None else sample
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": str(first["prompt"])}]
         text = self.format.initial_prompt(messages, self.tools, thinking=self.cfg.thinking)
+        if demo is not None:
+            text += self._demo_turns(demo) + self.format.user_text(str(sample["prompt"]))
         return self.tok(text, add_special_tokens=False)["input_ids"]  # our own text, not model output
+
+    def _demo_task(self, sample: dict) -> dict:
+        """The task shown solved before `sample`: the environment's next task after it (by id) with a reference
+        solution, so that no episode sees its own answer."""
+        tasks = [t for t in self.env.tasks() if str(t["id"]) != str(sample.get("id"))]
+        if not tasks:
+            raise ValueError(f"agent.demo: environment {self.env.name} has no other task to show solved")
+        after = [t for t in tasks if str(t["id"]) > str(sample.get("id"))]
+        return (after or tasks)[0]
+
+    def _demo_turns(self, task: dict) -> str:
+        """The assistant turns of `task` solved by the environment's reference solution, each call run through the
+        tools in a fresh session and its real result shown, as the loop would append them; ends with the submit
+        call's turn. Cached per task."""
+        key = str(task["id"])
+        if key not in self._demos:
+            calls = self.env.reference_solution(task)
+            if calls is None:
+                raise ValueError(f"agent.demo: environment {self.env.name} has no reference solution (solve)")
+            session, text = self.env.reset(task), []
+            try:
+                for name, args in calls:
+                    text.append(self.format.call_text([(name, args)]) + self.format.end_token)
+                    if name == self.env.submit_tool:
+                        break
+                    res = session.call(name, dict(args))
+                    text.append(self.format.tool_results_text([(None, self._fit(res.content,
+                                                                                 self.cfg.max_tool_output_tokens))]))
+            finally:
+                session.close()
+            self._demos[key] = "".join(text)
+        return self._demos[key]
 
     def _fit(self, text: str, limit: int) -> str:
         """A tool result cut in the middle to `limit` tokens, with a marker saying how much went."""

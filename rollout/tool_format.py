@@ -188,6 +188,16 @@ class ToolFormat:
         result. Mixed with real results, pass `(None, error)` entries to `tool_results_text` instead."""
         return self.tool_results_text([(None, e) for e in errors], thinking=thinking)
 
+    def call_text(self, calls: list[tuple[str, dict]]) -> str:
+        """An assistant turn that only calls these tools, as the model is asked to write it (before the end token);
+        `parse` reads it back as the same calls. For in-context demonstrations (`agent.demo`)."""
+        raise NotImplementedError
+
+    def user_text(self, content: str) -> str:
+        """What follows an assistant turn's end token when a new user message arrives: that message and the next
+        assistant header with the mode's prefill."""
+        raise NotImplementedError
+
 
 # -- hermes ----------------------------------------------------------------------------------------------------------
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -360,6 +370,17 @@ class HermesFormat(ToolFormat):
             tool_msgs = [{"role": "user", "content": "\n".join(contents)}]
         text = self._render(self._dummy_turn(len(results)) + tool_msgs, add_generation_prompt=True,
                             enable_thinking=self._mode(thinking))
+        end = text.index(self.end_token, text.index(_SENTINEL) + len(_SENTINEL))
+        return text[end + len(self.end_token):]
+
+    def call_text(self, calls: list[tuple[str, dict]]) -> str:
+        return "\n".join(f"{HERMES_OPEN}\n{json.dumps({'name': n, 'arguments': a}, ensure_ascii=False)}\n{HERMES_CLOSE}"
+                         for n, a in calls)
+
+    def user_text(self, content: str) -> str:
+        text = self._render([{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL},
+                             {"role": "user", "content": content}], add_generation_prompt=True,
+                            enable_thinking=self.thinking)
         end = text.index(self.end_token, text.index(_SENTINEL) + len(_SENTINEL))
         return text[end + len(self.end_token):]
 
@@ -564,6 +585,12 @@ class DsmlFormat(ToolFormat):
         body = "".join(f"\n<result>{self.escape(_result_text(c))}</result>" for _, c in results)
         return (f"\n\n<function_results>{body}\n</function_results>\n\n"
                 + assistant_prefill("dsml", self._mode(thinking)))
+
+    def call_text(self, calls: list[tuple[str, dict]]) -> str:
+        return dsml_calls([{"name": n, "arguments": a} for n, a in calls])
+
+    def user_text(self, content: str) -> str:
+        return f"{USER}{content}{ASSISTANT}" + assistant_prefill("dsml", self.thinking)
 
     def parse(self, text: str) -> ParsedTurn:
         """Calls are read from the text after the reasoning: every `<｜DSML｜function_calls>` block, each

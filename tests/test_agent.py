@@ -258,3 +258,48 @@ def test_filter_tasks_runs_k_episodes_per_task(tmp_path):
         [json.loads(x) for x in env_rows if x.strip()]
     bad = subprocess.run(cmd[:3] + ["math"] + cmd[4:], cwd=root, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "not an agent domain" in bad.stderr
+
+
+@pytest.mark.parametrize("tokenizer", ["embedded", "smollm2"])
+def test_demo_is_a_live_solved_episode_of_another_task(tokenizer, request):
+    """agent.demo: the first prompt holds another task solved by the environment's reference solution, token for
+    token what the loop builds when a model answers that task with those calls (the real tool result included),
+    then the task's own user turn; the episode itself runs as without the demo."""
+    if tokenizer == "embedded":
+        tk = request.getfixturevalue("tok")
+    else:
+        from transformers import AutoTokenizer
+
+        tk = AutoTokenizer.from_pretrained(request.getfixturevalue("smollm2_path"))
+    demo_runner = _runner(ScriptedEngine(tk, []), tk, demo=True)
+    live_engine = ScriptedEngine(tk, [LOOKUP.replace("alpha", "bravo"),
+                                      SUBMIT.replace("17", "blue heron")])  # smoke-1, the task after smoke-0
+    (solved,) = _runner(live_engine, tk).run([_request("smoke-1")], SP)
+    assert solved.episode["outcome"]["score"] == 1.0
+    live = list(solved.prompt_ids) + list(solved.response_ids)
+    prompt = demo_runner._prompt_ids(demo_runner.task_of({"id": "smoke-0"}))
+    assert prompt[: len(live)] == live  # the demo: smoke-1's prompt, both calls and the lookup's real result
+    own = tk(demo_runner.format.user_text("What value is stored under the key 'alpha'? Submit it."),
+             add_special_tokens=False)["input_ids"]
+    assert prompt[len(live):] == own
+    assert "blue heron" in tk.decode(prompt) and "'alpha'" not in tk.decode(live)  # no episode sees its own answer
+    (t,) = AgentRunner(ScriptedEngine(tk, [LOOKUP, SUBMIT]), tk,
+                       AgentConfig(env="smoke", demo=True)).run([_request("smoke-0")], SP)
+    assert t.episode["outcome"]["score"] == 1.0 and list(t.prompt_ids) == prompt
+
+
+def test_demo_needs_another_task_a_solver_and_no_thinking(tmp_path, tok):
+    with pytest.raises(ValueError, match="thinking: false"):
+        AgentConfig.from_config({"env": "smoke", "demo": True, "thinking": True})
+    src = __import__("rollout.envs.base", fromlist=["ENVS_DIR"]).ENVS_DIR / "smoke"
+    env_dir = tmp_path / "one_task"
+    env_dir.mkdir()
+    for name in ("env.yaml", "data.json"):
+        (env_dir / name).write_text((src / name).read_text())
+    (env_dir / "env.py").write_text((src / "env.py").read_text().split("\ndef solve")[0])  # no reference solver
+    (env_dir / "tasks.jsonl").write_text((src / "tasks.jsonl").read_text().splitlines()[0] + "\n")
+    runner = AgentRunner(ScriptedEngine(tok, []), tok, AgentConfig(env=str(env_dir), demo=True))
+    with pytest.raises(ValueError, match="no other task"):
+        runner._prompt_ids(runner.task_of({"id": "smoke-0"}))
+    with pytest.raises(ValueError, match="no reference solution"):
+        runner._prompt_ids({"id": "other", "prompt": "x"})

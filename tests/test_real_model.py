@@ -143,3 +143,26 @@ def test_one_training_step_of_smol_math_on_cpu(smollm2_path, tmp_path):
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["step"] == 1 and row["samples/math"] == 4.0 and row["mismatch/logprob_abs"] < 1e-3
     assert row["entropy/full_vocab"] > row["entropy/kept_set"]  # top_p=0.95 cuts the real model's tail
+
+
+@pytest.mark.slow
+def test_one_training_step_of_smol_agent_on_cpu(smollm2_path, tmp_path):
+    """`+experiment=smol_agent` (the tool-use learning run) on the real model: its episodes start from a solved
+    demonstration of another task and the step trains."""
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.train", "+experiment=smol_agent", f"run_dir={tmp_path / 'run'}",
+         "rollout.engine=hf", "rollout.num_gpus=0", "trainer.num_gpus=0", "trainer.device=cpu", "model.dtype=float32",
+         "trainer.total_steps=1", "data.prompts_per_step=2", "rollout.n_samples=2", "rollout.max_new_tokens=16",
+         "trainer.micro_batch_size=2", "logger.progress_bar=false"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    import json
+
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["step"] == 1 and row["samples/agent"] == 4.0 and row["agent/agent/turns"] >= 1
+    assert row["mismatch/logprob_abs"] < 1e-3
+    sample = json.loads((tmp_path / "run" / "rollouts" / "step_000001.jsonl").read_text().splitlines()[0])
+    prompt = sample["prompt"]
+    assert prompt.count("<|im_start|>user") == 2 and "submit_result" in prompt and "<tool_response>" in prompt

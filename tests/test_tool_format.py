@@ -489,3 +489,20 @@ def test_deep_json_is_an_error_not_a_crash(tok):
 def test_unknown_format_is_refused(tok):
     with pytest.raises(ValueError, match="hermes"):
         tool_format("xml", tok)
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "dsml"])
+def test_call_text_parses_back_and_user_text_opens_the_next_turn(tok, fmt):
+    """The texts of a demonstration (agent.demo): a turn of calls that `parse` reads back as the same calls, and
+    a new user message after a turn's end token, ending in the assistant header with the mode's prefill."""
+    f = tool_format(fmt, tok)
+    calls = [("add", {"a": 1, "b": [2, "x"]}), ("submit", {"answer": "q\"uote"})]
+    turn = f.parse(f.call_text(calls) + f.end_token)
+    assert [(c.name, c.arguments) for c in turn.tool_calls] == calls and not turn.errors and turn.content == ""
+    if fmt == "hermes":  # what the template renders after an assistant turn when a user message follows
+        assert f.user_text("Next?") == "\n<|im_start|>user\nNext?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    else:
+        assert f.user_text("Next?") == "<｜User｜>Next?<｜Assistant｜></think>"
+        whole = f.render_messages([{"role": "user", "content": "a"}, {"role": "assistant", "content": ""},
+                                   {"role": "user", "content": "Next?"}])
+        assert whole.endswith(f.end_token + f.user_text("Next?"))

@@ -39,7 +39,7 @@ from learn_real import ours_command  # noqa: E402  (benchmarks/, this script's d
 BENCHES = {
     "qwen06b": dict(
         ours=["data.prompts_per_step=16", "rollout.max_new_tokens=1024", "domains.math.kl_coef=0.04",
-              "trainer.micro_batch_size=8", "trainer.num_gpus=0.4", "rollout.num_gpus=0.4", "trainer.ref_num_gpus=0.2",
+              "trainer.micro_batch_size=auto", "trainer.num_gpus=0.4", "rollout.num_gpus=0.4", "trainer.ref_num_gpus=0.2",
               "rollout.gpu_memory_utilization=0.3", "rollout.max_model_len=2048"],
         trl=["--prompts", "16", "--max-new-tokens", "1024", "--beta", "0.04", "--micro-batch", "8"],
     ),

@@ -59,8 +59,29 @@ def micro_batches(trajs: list[Trajectory], n: int, layout: str | None = None) ->
     return [[trajs[i] for i in sorted(b)] for b in bins if b]
 
 
-def micro_batches_per_minibatch(cfg: Mapping, world_size: int) -> int:
-    """Gradient-accumulation steps: a rank's share of a mini-batch over `trainer.micro_batch_size`, rounded up."""
+def micro_batch_count(trajs: list[Trajectory], max_tokens: int, layout: str) -> int:
+    """The fewest micro-batches, cut as `micro_batches(trajs, n, layout)` cuts them, whose largest runs the model
+    over at most `max_tokens` positions (`rl.memory.micro_batch_tokens`: rows x the longest padded, the sum
+    packed); one per sample when even that does not fit (a sample longer than the budget runs alone)."""
+    from rl.memory import micro_batch_tokens
+
+    packed = layout == "packed"
+    total = sum(t.num_tokens for t in trajs)
+    for n in range(max(1, -(-total // max(int(max_tokens), 1))), len(trajs) + 1):
+        if max(micro_batch_tokens(p, packed) for p in micro_batches(trajs, n, layout)) <= max_tokens:
+            return n
+    return max(len(trajs), 1)
+
+
+def per_rank_samples(cfg: Mapping, world_size: int) -> int:
+    """A rank's share of one mini-batch, in samples."""
     samples = int(cfg["data"]["prompts_per_step"]) * int(cfg["rollout"]["n_samples"])
-    per_rank = samples // int(cfg["trainer"]["mini_batches"]) // world_size
-    return max(1, -(-per_rank // int(cfg["trainer"]["micro_batch_size"])))
+    return max(1, samples // int(cfg["trainer"]["mini_batches"]) // world_size)
+
+
+def micro_batches_per_minibatch(cfg: Mapping, world_size: int) -> int:
+    """Gradient-accumulation steps: a rank's share of a mini-batch over `trainer.micro_batch_size`, rounded up
+    (1 for `auto`, whose count is chosen per step: `micro_batch_count`)."""
+    if str(cfg["trainer"]["micro_batch_size"]) == "auto":
+        return 1
+    return max(1, -(-per_rank_samples(cfg, world_size) // int(cfg["trainer"]["micro_batch_size"])))

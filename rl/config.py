@@ -104,8 +104,10 @@ def validate(cfg: Mapping) -> None:
     check_number(r, "num_workers", "rollout", lo=1, integer=True)
     check_number(data, "prompts_per_step", "data", lo=1, integer=True)
     check_number(data, "max_prompt_tokens", "data", lo=1, integer=True)
-    for key in ("total_steps", "num_processes", "micro_batch_size", "mini_batches"):
+    for key in ("total_steps", "num_processes", "mini_batches"):
         check_number(t, key, "trainer", lo=1, integer=True)
+    if t.get("micro_batch_size") != "auto":
+        check_number(t, "micro_batch_size", "trainer", lo=1, integer=True)
     check_number(t, "save_every", "trainer", lo=0, integer=True)
     check_number(t, "keep_checkpoints", "trainer", lo=0, integer=True)
     check_number(t, "warmup_steps", "trainer", lo=0, integer=True)

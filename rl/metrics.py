@@ -126,6 +126,8 @@ def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int
         "lr": s["lr"] / n_ranks,
         # trainer.gradient_checkpointing (auto: chosen per step from the activation estimate; the share of ranks on)
         "perf/gradient_checkpointing": s["gradient_checkpointing"] / n_ranks,
+        # micro-batches per mini-batch on a rank (trainer.micro_batch_size=auto: chosen per step from the free memory)
+        "perf/micro_batches": s["micro_batches"] / max(s["optimizer_steps"], 1),
         "opsm/masked_frac": sum(s[f"opsm_masked/{d}"] for d in domains) / max(sum(s[f"seqs/{d}"] for d in domains), 1),
     }
     for d in domains:

@@ -24,3 +24,24 @@ def test_minibatches_are_a_seeded_permutation():
     a, b = minibatches(items, 3, seed=1, step=4), minibatches(items, 3, seed=1, step=4)
     assert a == b and [len(p) for p in a] == [8, 8, 8] and sorted(sum(a, [])) == items
     assert minibatches(items, 3, seed=1, step=5) != a
+
+
+def test_micro_batch_count_is_the_fewest_under_the_token_budget():
+    """trainer.micro_batch_size=auto cuts a step into the fewest micro-batches (as micro_batches cuts them) whose
+    largest runs over at most the budget's positions, padded or packed; a sample over the budget runs alone."""
+    import itertools
+
+    from rl.batching import micro_batch_count
+    from rl.memory import micro_batch_tokens
+    from rl.trajectory import Trajectory
+
+    lengths = [3, 40, 7, 7, 19, 64, 5, 33, 12, 12, 90, 1]
+    trajs = [Trajectory(uid=str(i), group_id="g", domain="d", prompt_ids=[1] * 4, response_ids=[2] * n,
+                        inference_logprobs=[0.0] * n)
+             for i, n in enumerate(lengths)]
+    for layout, budget in itertools.product(["padded", "packed"], [50, 94, 200, 400, 10**6]):
+        n = micro_batch_count(trajs, budget, layout)
+        fits = lambda k: max(micro_batch_tokens(p, layout == "packed") for p in micro_batches(trajs, k, layout)) <= budget  # noqa: E731
+        assert (fits(n) or n == len(trajs)) and (n == 1 or not fits(n - 1)), (layout, budget, n)
+    assert micro_batch_count(trajs, 10**6, "padded") == 1
+    assert micro_batch_count(trajs, 10, "padded") == len(trajs)  # nothing fits: one sample per micro-batch

@@ -75,3 +75,15 @@ def test_decision_and_micro_batch_tokens():
                         inference_logprobs=[0.0] * n) for i, n in enumerate([2, 7, 5])]
     assert micro_batch_tokens(trajs, packed=True) == 5 + 10 + 8
     assert micro_batch_tokens(trajs, packed=False) == 3 * 10
+
+
+def test_max_tokens_within_inverts_the_estimate():
+    """trainer.micro_batch_size=auto's token budget: the most positions whose activations fit the bytes."""
+    from rl.memory import max_tokens_within
+
+    config = AutoConfig.for_model(**SHAPES["qwen3"], num_hidden_layers=4)
+    for budget in [1e6, 3e8, 5e9, 8e10]:
+        for dtype_bytes, chunk in [(2, 1024), (4, 256)]:
+            t = max_tokens_within(config, budget, dtype_bytes, chunk)
+            assert t == 1 or activation_bytes(config, t, dtype_bytes, head_chunk=chunk) <= budget
+            assert activation_bytes(config, t + 1, dtype_bytes, head_chunk=chunk) > budget

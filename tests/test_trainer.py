@@ -93,6 +93,43 @@ def test_auto_checkpointing_follows_the_free_memory(setup, monkeypatch):
     assert tr.train_step([trajs], norms)["gradient_checkpointing"] == 0.0 and not on(tr.model)
 
 
+def test_auto_micro_batches_follow_the_free_memory_and_give_the_same_update(setup, monkeypatch):
+    """trainer.micro_batch_size=auto: the step is cut into the fewest micro-batches whose activations fit 60% of the
+    free GPU memory (stood in for here), and however many that is, DeepSpeed steps once with the same update as
+    fixed micro-batches; the reference cuts its forwards the same way and gives the same logprobs."""
+    import trainer.frozen as frozen
+    import trainer.policy as policy
+    from rl.memory import activation_bytes, max_tokens_within, micro_batch_tokens
+
+    cfg, trajs, path = setup
+    norms = [(len(trajs), int(sum(t.num_response_tokens for t in trajs)))]
+    fixed = copy.deepcopy(cfg)
+    fixed["trainer"]["micro_batch_size"] = 4
+    _, before, after_fixed, sums_fixed = _train_once(fixed, trajs, path, 2, _port())
+    auto = copy.deepcopy(cfg)
+    auto["trainer"]["micro_batch_size"] = "auto"
+    longest = max(t.num_tokens for t in trajs)
+    config = PolicyTrainer(auto, path, 0, 1, "127.0.0.1", _port()).model.config
+    for free, want in [(10**12, 1), (activation_bytes(config, 3 * longest, 4) / 0.6, None)]:
+        monkeypatch.setattr(policy, "free_memory_bytes", lambda device, free=free: free)
+        tr = PolicyTrainer(auto, path, 0, 1, "127.0.0.1", _port())
+        plan = tr._auto_micro_batches([trajs], "padded")
+        budget = max_tokens_within(config, 0.6 * free, 4)
+        assert all(micro_batch_tokens(p, False) <= budget for p in plan[0])
+        assert len(plan[0]) == (want or len(plan[0])) and (want or len(plan[0]) > 1)
+        sums = tr.train_step([trajs], norms)
+        after = tr.full_state_dict()
+        assert sums["optimizer_steps"] == 1 and sums["micro_batches"] == len(plan[0])
+        assert abs(sums["grad_norm"] - sums_fixed["grad_norm"]) < 1e-5 * sums_fixed["grad_norm"]
+        assert all(float((after[k] - after_fixed[k]).abs().max()) < 1e-3 for k in after)
+        assert any(not torch.equal(before[k], after[k]) for k in after)
+    monkeypatch.setattr(frozen, "free_memory_bytes", lambda device: activation_bytes(config, 2 * longest, 4) / 0.6)
+    ref = FrozenModel(auto, path)
+    assert len(ref._chunks(trajs)) > 1
+    for lp_auto, lp in zip(ref.logprobs(trajs), FrozenModel(fixed, path).logprobs(trajs)):
+        assert np.allclose(lp_auto, lp, atol=1e-5)
+
+
 def test_packed_micro_batches_and_the_support_head_give_the_same_update(setup):
     """trainer.pack_sequences=true (unpadded rows, token-balanced micro-batches) and trainer.logprob_head=support
     give the same update as the default; the reference gives the same logprobs packed, in the caller's order."""

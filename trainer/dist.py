@@ -46,3 +46,24 @@ def init_process_group_env(rank: int, world_size: int, master_addr: str, master_
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         # The shared-memory comm op JIT-compiles for minutes on first use; gloo is enough for us.
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+# trainer.micro_batch_size=auto: the share of the free GPU memory a micro-batch's activations may take (gradient
+# checkpointing=auto turns on only past 80%, so auto-sized micro-batches train without recomputation)
+AUTO_MICRO_BATCH_MEMORY = 0.6
+
+
+def free_memory_bytes(device) -> int | None:
+    """Bytes this process can still allocate on its GPU (free on the device + cached by torch but unused); None on
+    CPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+
+
+def release_cached_memory(device) -> None:
+    """Hand the memory torch's allocator caches back to the GPU: a colocated vLLM wakes up into it after the
+    trainer and the reference have run (with trainer.micro_batch_size=auto the cache can hold most of the GPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()

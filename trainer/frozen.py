@@ -14,10 +14,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rl.batching import micro_batch_count, micro_batches
 from rl.config import head_options, logprob_temperature, pack_sequences
-from rl.models import load_causal_lm, load_tokenizer
+from rl.memory import max_tokens_within
+from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
-from trainer.dist import pick_device
+from trainer.dist import AUTO_MICRO_BATCH_MEMORY, free_memory_bytes, pick_device, release_cached_memory
 from trainer.forward import forward_logprobs, logit_scale, route_replay
 
 
@@ -43,19 +45,32 @@ class FrozenModel:
 
     @torch.no_grad()
     def logprobs(self, trajs: list[Trajectory]) -> list[np.ndarray]:
-        """log pi_frozen of every response token, one array per trajectory."""
-        size = int(self.cfg["trainer"]["micro_batch_size"])
-        # longest first, so each micro-batch holds samples of similar length (little padding when not packed)
-        order = sorted(range(len(trajs)), key=lambda i: -trajs[i].num_tokens)
+        """log pi_frozen of every response token, one array per trajectory (in the caller's order)."""
+        at = {id(t): i for i, t in enumerate(trajs)}
         out: list[np.ndarray | None] = [None] * len(trajs)
-        for start in range(0, len(trajs), size):
-            idx = order[start : start + size]
-            chunk = [trajs[i] for i in idx]
+        for chunk in self._chunks(trajs):
             batch = collate(chunk, self.tokenizer.pad_token_id, self.packed).to(self.device)
             with route_replay(self.model, batch, self.replay_routes):
                 res = forward_logprobs(self.model, batch, temperature=self.temperature, **self.head)
             logp = res.logprobs.float().cpu().numpy()
             bounds = np.cumsum([0] + [t.num_response_tokens for t in chunk])
-            for i, a, b in zip(idx, bounds[:-1], bounds[1:]):
-                out[i] = logp[a:b]
+            for t, a, b in zip(chunk, bounds[:-1], bounds[1:]):
+                out[at[id(t)]] = logp[a:b]
+        if self.cfg["rollout"].get("placement", "colocated") == "colocated":
+            release_cached_memory(self.device)
         return out
+
+    def _chunks(self, trajs: list[Trajectory]) -> list[list[Trajectory]]:
+        """Forward batches of samples of similar length (little padding when not packed): `trainer.micro_batch_size`
+        samples each, or with `auto` the fewest whose activations fit 60% of the free GPU memory (8 samples on CPU;
+        the estimate is the trainer's, which keeps more for backward, so it errs on the safe side)."""
+        layout = "packed" if self.packed else "padded"
+        size = self.cfg["trainer"]["micro_batch_size"]
+        if str(size) != "auto":
+            return micro_batches(trajs, -(-len(trajs) // int(size)), layout)
+        free = free_memory_bytes(self.device)
+        if free is None:
+            return micro_batches(trajs, -(-len(trajs) // 8), layout)
+        budget = max_tokens_within(self.model.config, AUTO_MICRO_BATCH_MEMORY * free,
+                                   torch_dtype(self.cfg["model"]["dtype"]).itemsize, int(self.head["chunk_size"]))
+        return micro_batches(trajs, micro_batch_count(trajs, budget, layout), layout)

@@ -16,26 +16,31 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rl.batching import micro_batches, micro_batches_per_minibatch
+from rl.batching import micro_batch_count, micro_batches, micro_batches_per_minibatch, per_rank_samples
 from rl.config import head_options, logprob_temperature, pack_sequences
-from rl.memory import activation_bytes, micro_batch_tokens, should_checkpoint
+from rl.memory import activation_bytes, max_tokens_within, micro_batch_tokens, should_checkpoint
 from rl.metrics import accumulate_train_stats
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
-from trainer.dist import free_port, init_process_group_env, node_address, pick_device
+from trainer.dist import (
+    AUTO_MICRO_BATCH_MEMORY, free_memory_bytes, free_port, init_process_group_env, node_address, pick_device,
+    release_cached_memory,
+)
 from trainer.forward import ForwardOut, PolicyForward, logit_scale, route_replay
 from trainer.objectives import OBJECTIVES
 
 
-def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int) -> dict:
+def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int, micro: int) -> dict:
+    """`micro` samples per micro-batch (with `trainer.micro_batch_size=auto` a rank's whole share: the trainer then
+    marks the accumulation boundary itself)."""
     zero = {"stage": int(tcfg["zero_stage"])}
     if zero["stage"] == 3:
         # Without this tiny models keep every parameter whole on each rank.
         zero.update(stage3_param_persistence_threshold=0, stage3_gather_16bit_weights_on_model_save=True)
     config = {
-        "train_micro_batch_size_per_gpu": int(tcfg["micro_batch_size"]),
+        "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": grad_accum,
-        "train_batch_size": int(tcfg["micro_batch_size"]) * grad_accum * world_size,
+        "train_batch_size": micro * grad_accum * world_size,
         "gradient_clipping": float(tcfg["grad_clip"]),
         "zero_optimization": zero,
         "bf16": {"enabled": dtype == "bfloat16"},
@@ -69,16 +74,6 @@ def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int) -
     return config
 
 
-def free_memory_bytes(device) -> int | None:
-    """Bytes this process can still allocate on its GPU (free on the device + cached by torch but unused); None on
-    CPU."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-
-
 class PolicyTrainer:
     def __init__(self, cfg: dict, model_path: str, rank: int, world_size: int, master_addr: str, master_port: int):
         tcfg, acfg = cfg["trainer"], cfg["algorithm"]
@@ -104,8 +99,13 @@ class PolicyTrainer:
         model.config.use_cache = False
         self.checkpointing_mode = str(tcfg["gradient_checkpointing"]).lower()  # true | false | auto (per step)
         self._set_checkpointing(self.checkpointing_mode == "true")
+        # trainer.micro_batch_size=auto: each step is cut into the fewest micro-batches whose activations fit a share
+        # of the free GPU memory (rl/memory.py), and the trainer marks DeepSpeed's accumulation boundary itself
+        self.auto_micro = str(tcfg["micro_batch_size"]) == "auto"
+        self.colocated = cfg["rollout"].get("placement", "colocated") == "colocated"
         self.grad_accum = micro_batches_per_minibatch(cfg, world_size)
-        ds_cfg = deepspeed_config(tcfg, cfg["model"]["dtype"], self.grad_accum, world_size)
+        micro = per_rank_samples(cfg, world_size) if self.auto_micro else int(tcfg["micro_batch_size"])
+        ds_cfg = deepspeed_config(tcfg, cfg["model"]["dtype"], self.grad_accum, world_size, micro)
         self.engine, _, _, _ = deepspeed.initialize(
             model=PolicyForward(model), model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_cfg
         )
@@ -131,10 +131,14 @@ class PolicyTrainer:
         sums: dict[str, float] = defaultdict(float)
         self.engine.train()
         layout = "packed" if self.packed else "padded"
-        plan = [micro_batches(trajs, self.grad_accum, layout) for trajs in minibatches]
-        for trajs, micro in zip(minibatches, plan):
-            if len(micro) != self.grad_accum:  # DeepSpeed steps the optimizer every grad_accum micro-steps
-                raise ValueError(f"rank {self.rank}: mini-batch of {len(trajs)} gives {len(micro)} micro-batches, expected {self.grad_accum}")
+        if self.auto_micro:
+            plan = self._auto_micro_batches(minibatches, layout)
+        else:
+            plan = [micro_batches(trajs, self.grad_accum, layout) for trajs in minibatches]
+            for trajs, micro in zip(minibatches, plan):
+                if len(micro) != self.grad_accum:  # DeepSpeed steps the optimizer every grad_accum micro-steps
+                    raise ValueError(f"rank {self.rank}: mini-batch of {len(trajs)} gives {len(micro)} micro-batches, expected {self.grad_accum}")
+        sums["micro_batches"] = float(sum(len(micro) for micro in plan))
         if self.checkpointing_mode == "auto":
             self._auto_checkpointing(plan)
         sums["gradient_checkpointing"] = float(self.checkpointing)
@@ -148,6 +152,8 @@ class PolicyTrainer:
                 with route_replay(self.model, batch, self.keep_routing) as replay:
                     out = self._forward(batch, with_entropy=True)
                     loss, stats = self.objective(out.logprobs, batch, self.cfg["algorithm"], norm)
+                    if self.auto_micro:  # before backward: ZeRO's gradient hooks read it
+                        self.engine.set_gradient_accumulation_boundary(mc_index == len(micro) - 1)
                     self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
                 self.engine.step()
                 routing = (int(replay.mismatch_count), int(replay.total_count))
@@ -155,6 +161,8 @@ class PolicyTrainer:
             sums["grad_norm"] += float(self.engine.get_global_grad_norm() or 0.0)
             sums["optimizer_steps"] += 1
         sums["lr"] = float(self.engine.get_lr()[0])
+        if self.colocated:
+            release_cached_memory(self.engine.device)
         return dict(sums)
 
     def _set_checkpointing(self, on: bool) -> None:
@@ -167,6 +175,27 @@ class PolicyTrainer:
         elif not on and getattr(self, "checkpointing", False):
             (getattr(m, "activation_checkpointing_disable", None) or m.gradient_checkpointing_disable)()
         self.checkpointing = bool(on)
+
+    def _auto_micro_batches(self, minibatches: list[list[Trajectory]], layout: str) -> list[list[list[Trajectory]]]:
+        """trainer.micro_batch_size=auto: each mini-batch in the fewest micro-batches whose activations
+        (rl/memory.py) stay within 60% of the GPU memory free now (a colocated vLLM is asleep); 8 samples each on
+        CPU. Every rank runs the same count (the largest any rank needs: ZeRO reduces gradients every micro-step)."""
+        free = free_memory_bytes(self.engine.device)
+        counts = []
+        for trajs in minibatches:
+            if free is None:
+                counts.append(-(-len(trajs) // 8))
+            else:
+                dtype_bytes = torch_dtype(self.cfg["model"]["dtype"]).itemsize
+                budget = max_tokens_within(self.model.config, AUTO_MICRO_BATCH_MEMORY * free, dtype_bytes,
+                                           int(self.head["chunk_size"]))
+                counts.append(micro_batch_count(trajs, budget, layout))
+        if self.world_size > 1:
+            n = torch.tensor(counts + [-len(t) for t in minibatches], device=self.engine.device, dtype=torch.long)
+            torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
+            k = len(minibatches)  # as many as any rank needs, but no more than the smallest share has samples
+            counts = [min(int(a), -int(b)) for a, b in zip(n[:k].tolist(), n[k:].tolist())]
+        return [micro_batches(trajs, n, layout) for trajs, n in zip(minibatches, counts)]
 
     def _auto_checkpointing(self, plan: list[list[list[Trajectory]]]) -> None:
         """trainer.gradient_checkpointing=auto: on for this step only when the largest micro-batch's activations

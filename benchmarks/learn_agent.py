@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learn_real import plot_curves, write_readme_section  # noqa: E402  (benchmarks/, this script's directory)
+
 SUCCESS = "agent/agent/success/smoke"  # rl/metrics.py: agent/<domain>/success/<env>
 
 
@@ -53,31 +56,11 @@ def report(args) -> None:
     table = "\n".join(lines)
     print(table)
     if args.plot and runs:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for name, rows in runs.items():
-            ax.plot([r["step"] for r in rows], [r.get(SUCCESS, 0.0) for r in rows], label=name)
-        ax.set_xlabel("step")
-        ax.set_ylabel("episode success (verifier)")
-        ax.set_title("GRPO tool use on SmolLM2-135M-Instruct, smoke environment")
-        ax.legend(fontsize=8, loc="upper left")
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
+        plot_curves(args.plot, {n: ([r["step"] for r in rows], [r.get(SUCCESS, 0.0) for r in rows])
+                                for n, rows in runs.items()},
+                    "episode success (verifier)", "GRPO tool use on SmolLM2-135M-Instruct, smoke environment")
     if args.readme:
-        readme = ROOT / "benchmarks" / "README.md"
-        text = readme.read_text()
-        start, end = "<!-- learn_agent:start -->", "<!-- learn_agent:end -->"
-        block = f"{start}\n{args.note + chr(10) + chr(10) if args.note else ''}{table}\n{end}"
-        if start in text:
-            text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
-        else:
-            text += f"\n## `learn_agent.py`: tool-use learning on a real model\n\n{block}\n"
-        readme.write_text(text)
-
+        write_readme_section("learn_agent", "tool-use learning on a real model", args.note, table)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

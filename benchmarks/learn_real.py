@@ -198,31 +198,43 @@ def report(args) -> None:
     table = "\n".join(lines)
     print(table)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for name, rows in runs.items():
-            ax.plot([r["step"] for r in rows], [r["reward"] for r in rows], label=LABELS[name])
-        ax.set_xlabel("step")
-        ax.set_ylabel("mean reward (math-verify)")
-        ax.set_title("GRPO on SmolLM2-135M-Instruct, bundled arithmetic")
-        ax.legend(fontsize=7, loc="upper left")
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
+        plot_curves(args.plot, {LABELS[n]: ([r["step"] for r in rows], [r["reward"] for r in rows])
+                                for n, rows in runs.items()},
+                    "mean reward (math-verify)", "GRPO on SmolLM2-135M-Instruct, bundled arithmetic")
     if args.readme:
-        readme = ROOT / "benchmarks" / "README.md"
-        text = readme.read_text()
-        start, end = "<!-- learn_real:start -->", "<!-- learn_real:end -->"
-        block = f"{start}\n{args.note + chr(10) + chr(10) if args.note else ''}{table}\n{end}"
-        if start in text:
-            text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
-        else:
-            text += f"\n## `learn_real.py`: learning on a real model, ours vs TRL\n\n{block}\n"
-        readme.write_text(text)
+        write_readme_section("learn_real", "learning on a real model, ours vs TRL", args.note, table)
 
+
+def plot_curves(path: str, curves: dict[str, tuple[list, list]], ylabel: str, title: str) -> None:
+    """One line per run (label -> (steps, values)) into a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label, (xs, ys) in curves.items():
+        ax.plot(xs, ys, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_readme_section(script: str, heading: str, note: str, table: str) -> None:
+    """Replace the text between `<!-- script:start -->` and `<!-- script:end -->` in benchmarks/README.md with
+    the note and the table (a new section at the end when the markers are missing)."""
+    readme = ROOT / "benchmarks" / "README.md"
+    text = readme.read_text()
+    start, end = f"<!-- {script}:start -->", f"<!-- {script}:end -->"
+    block = f"{start}\n{note + chr(10) + chr(10) if note else ''}{table}\n{end}"
+    if start in text:
+        text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
+    else:
+        text += f"\n## `{script}.py`: {heading}\n\n{block}\n"
+    readme.write_text(text)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

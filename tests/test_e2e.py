@@ -121,6 +121,12 @@ def test_two_zero3_ranks_compute_the_same_update_as_one(tmp_path):
     assert abs(one["grad_norm"] - two["grad_norm"]) < 1e-4 * max(one["grad_norm"], 1e-8)
     state = tmp_path / "two" / "checkpoints" / "step_000001" / "deepspeed" / "state"
     assert (state / "rng_rank0.pt").exists() and (state / "rng_rank1.pt").exists()  # every rank's RNG is kept
+    # trainer.micro_batch_size=auto over the same 2 ranks: the count is agreed across ranks (8 samples per
+    # micro-batch on CPU), each rank marks DeepSpeed's accumulation boundary itself, and the update is the same
+    auto = launch(tmp_path / "auto", *common[:-1], "trainer.micro_batch_size=auto", "trainer.num_processes=2",
+                  "trainer.zero_stage=3")[0]
+    assert abs(one["loss/pg"] - auto["loss/pg"]) < 1e-5 and auto["perf/micro_batches"] >= 1
+    assert abs(one["grad_norm"] - auto["grad_norm"]) < 1e-4 * max(one["grad_norm"], 1e-8)
 
 
 @pytest.mark.slow

@@ -168,9 +168,9 @@ class AgentRunner:
         return self.tok(text, add_special_tokens=False)["input_ids"]  # our own text, not model output
 
     def _demo_task(self, sample: dict) -> dict:
-        """The task shown solved before `sample`: the environment's next task after it (by id) with a reference
-        solution, so that no episode sees its own answer."""
-        tasks = [t for t in self.env.tasks() if str(t["id"]) != str(sample.get("id"))]
+        """The task shown solved before `sample`: the environment's next task after it by id (the first one after
+        the last), so that no episode sees its own answer."""
+        tasks = [t for tid, t in self._tasks.items() if tid != str(sample.get("id"))]
         if not tasks:
             raise ValueError(f"agent.demo: environment {self.env.name} has no other task to show solved")
         after = [t for t in tasks if str(t["id"]) > str(sample.get("id"))]

@@ -97,8 +97,7 @@ def test_auto_micro_batches_follow_the_free_memory_and_give_the_same_update(setu
     """trainer.micro_batch_size=auto: the step is cut into the fewest micro-batches whose activations fit 60% of the
     free GPU memory (stood in for here), and however many that is, DeepSpeed steps once with the same update as
     fixed micro-batches; the reference cuts its forwards the same way and gives the same logprobs."""
-    import trainer.frozen as frozen
-    import trainer.policy as policy
+    import trainer.dist as dist
     from rl.memory import activation_bytes, max_tokens_within, micro_batch_tokens
 
     cfg, trajs, path = setup
@@ -111,7 +110,7 @@ def test_auto_micro_batches_follow_the_free_memory_and_give_the_same_update(setu
     longest = max(t.num_tokens for t in trajs)
     config = PolicyTrainer(auto, path, 0, 1, "127.0.0.1", _port()).model.config
     for free, want in [(10**12, 1), (activation_bytes(config, 3 * longest, 4) / 0.6, None)]:
-        monkeypatch.setattr(policy, "free_memory_bytes", lambda device, free=free: free)
+        monkeypatch.setattr(dist, "free_memory_bytes", lambda device, free=free: free)
         tr = PolicyTrainer(auto, path, 0, 1, "127.0.0.1", _port())
         plan = tr._auto_micro_batches([trajs], "padded")
         budget = max_tokens_within(config, 0.6 * free, 4)
@@ -123,7 +122,7 @@ def test_auto_micro_batches_follow_the_free_memory_and_give_the_same_update(setu
         assert abs(sums["grad_norm"] - sums_fixed["grad_norm"]) < 1e-5 * sums_fixed["grad_norm"]
         assert all(float((after[k] - after_fixed[k]).abs().max()) < 1e-3 for k in after)
         assert any(not torch.equal(before[k], after[k]) for k in after)
-    monkeypatch.setattr(frozen, "free_memory_bytes", lambda device: activation_bytes(config, 2 * longest, 4) / 0.6)
+    monkeypatch.setattr(dist, "free_memory_bytes", lambda device: activation_bytes(config, 2 * longest, 4) / 0.6)
     ref = FrozenModel(auto, path)
     assert len(ref._chunks(trajs)) > 1
     for lp_auto, lp in zip(ref.logprobs(trajs), FrozenModel(fixed, path).logprobs(trajs)):

@@ -1,4 +1,5 @@
-"""Process-group and device setup shared by the trainer's actors, and the address helpers of its rendezvous."""
+"""Process-group and device setup shared by the trainer's actors, the address helpers of its rendezvous, and the
+GPU-memory helpers both actors size their micro-batches with."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import os
 import socket
 
 import torch
+
+from rl.batching import micro_batch_count
+from rl.memory import max_tokens_within
+from rl.models import torch_dtype
 
 
 def pick_device(name: str) -> str:
@@ -48,8 +53,10 @@ def init_process_group_env(rank: int, world_size: int, master_addr: str, master_
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 # trainer.micro_batch_size=auto: the share of the free GPU memory a micro-batch's activations may take (gradient
-# checkpointing=auto turns on only past 80%, so auto-sized micro-batches train without recomputation)
+# checkpointing=auto turns on only past 80%, so auto-sized micro-batches train without recomputation), and the
+# samples per micro-batch on CPU, where there is no GPU memory to fit
 AUTO_MICRO_BATCH_MEMORY = 0.6
+AUTO_MICRO_BATCH_CPU = 8
 
 
 def free_memory_bytes(device) -> int | None:
@@ -67,3 +74,15 @@ def release_cached_memory(device) -> None:
     trainer and the reference have run (with trainer.micro_batch_size=auto the cache can hold most of the GPU)."""
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
+
+
+def auto_micro_batch_counts(batches: list[list], layout: str, device, model_config, dtype: str,
+                            head_chunk: int) -> list[int]:
+    """trainer.micro_batch_size=auto: for each batch the fewest micro-batches (`rl.batching.micro_batch_count`)
+    whose activations (rl/memory.py) fit AUTO_MICRO_BATCH_MEMORY of the GPU memory free now (a colocated vLLM is
+    asleep); AUTO_MICRO_BATCH_CPU samples each on CPU."""
+    free = free_memory_bytes(device)
+    if free is None:
+        return [-(-len(b) // AUTO_MICRO_BATCH_CPU) for b in batches]
+    budget = max_tokens_within(model_config, AUTO_MICRO_BATCH_MEMORY * free, torch_dtype(dtype).itemsize, head_chunk)
+    return [micro_batch_count(b, budget, layout) for b in batches]

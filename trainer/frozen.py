@@ -14,12 +14,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rl.batching import micro_batch_count, micro_batches
+from rl.batching import micro_batches
 from rl.config import head_options, logprob_temperature, pack_sequences
-from rl.memory import max_tokens_within
-from rl.models import load_causal_lm, load_tokenizer, torch_dtype
+from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
-from trainer.dist import AUTO_MICRO_BATCH_MEMORY, free_memory_bytes, pick_device, release_cached_memory
+from trainer.dist import auto_micro_batch_counts, pick_device, release_cached_memory
 from trainer.forward import forward_logprobs, logit_scale, route_replay
 
 
@@ -39,6 +38,7 @@ class FrozenModel:
         self.replay_routes = bool(acfg["keep_routing"]) and bool(acfg["ref_keep_routing"])
         self.packed = pack_sequences(cfg)
         self.head = head_options(cfg)
+        self.colocated = cfg["rollout"].get("placement", "colocated") == "colocated"  # vLLM wakes up after us
 
     def ready(self) -> bool:
         return True
@@ -56,21 +56,18 @@ class FrozenModel:
             bounds = np.cumsum([0] + [t.num_response_tokens for t in chunk])
             for t, a, b in zip(chunk, bounds[:-1], bounds[1:]):
                 out[at[id(t)]] = logp[a:b]
-        if self.cfg["rollout"].get("placement", "colocated") == "colocated":
+        if self.colocated:
             release_cached_memory(self.device)
         return out
 
     def _chunks(self, trajs: list[Trajectory]) -> list[list[Trajectory]]:
         """Forward batches of samples of similar length (little padding when not packed): `trainer.micro_batch_size`
-        samples each, or with `auto` the fewest whose activations fit 60% of the free GPU memory (8 samples on CPU;
+        samples each, or with `auto` as few as the free GPU memory allows (`trainer.dist.auto_micro_batch_counts`;
         the estimate is the trainer's, which keeps more for backward, so it errs on the safe side)."""
         layout = "packed" if self.packed else "padded"
         size = self.cfg["trainer"]["micro_batch_size"]
         if str(size) != "auto":
             return micro_batches(trajs, -(-len(trajs) // int(size)), layout)
-        free = free_memory_bytes(self.device)
-        if free is None:
-            return micro_batches(trajs, -(-len(trajs) // 8), layout)
-        budget = max_tokens_within(self.model.config, AUTO_MICRO_BATCH_MEMORY * free,
-                                   torch_dtype(self.cfg["model"]["dtype"]).itemsize, int(self.head["chunk_size"]))
-        return micro_batches(trajs, micro_batch_count(trajs, budget, layout), layout)
+        (n,) = auto_micro_batch_counts([trajs], layout, self.device, self.model.config, self.cfg["model"]["dtype"],
+                                       int(self.head["chunk_size"]))
+        return micro_batches(trajs, n, layout)

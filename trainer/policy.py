@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rl.batching import micro_batch_count, micro_batches, micro_batches_per_minibatch, per_rank_samples
+from rl.batching import micro_batches, micro_batches_per_minibatch, per_rank_samples
 from rl.config import head_options, logprob_temperature, pack_sequences
-from rl.memory import activation_bytes, max_tokens_within, micro_batch_tokens, should_checkpoint
+from rl.memory import activation_bytes, micro_batch_tokens, should_checkpoint
 from rl.metrics import accumulate_train_stats
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
 from trainer.dist import (
-    AUTO_MICRO_BATCH_MEMORY, free_memory_bytes, free_port, init_process_group_env, node_address, pick_device,
+    auto_micro_batch_counts, free_memory_bytes, free_port, init_process_group_env, node_address, pick_device,
     release_cached_memory,
 )
 from trainer.forward import ForwardOut, PolicyForward, logit_scale, route_replay
@@ -177,19 +177,11 @@ class PolicyTrainer:
         self.checkpointing = bool(on)
 
     def _auto_micro_batches(self, minibatches: list[list[Trajectory]], layout: str) -> list[list[list[Trajectory]]]:
-        """trainer.micro_batch_size=auto: each mini-batch in the fewest micro-batches whose activations
-        (rl/memory.py) stay within 60% of the GPU memory free now (a colocated vLLM is asleep); 8 samples each on
-        CPU. Every rank runs the same count (the largest any rank needs: ZeRO reduces gradients every micro-step)."""
-        free = free_memory_bytes(self.engine.device)
-        counts = []
-        for trajs in minibatches:
-            if free is None:
-                counts.append(-(-len(trajs) // 8))
-            else:
-                dtype_bytes = torch_dtype(self.cfg["model"]["dtype"]).itemsize
-                budget = max_tokens_within(self.model.config, AUTO_MICRO_BATCH_MEMORY * free, dtype_bytes,
-                                           int(self.head["chunk_size"]))
-                counts.append(micro_batch_count(trajs, budget, layout))
+        """trainer.micro_batch_size=auto: each mini-batch in as few micro-batches as the free GPU memory allows
+        (`trainer.dist.auto_micro_batch_counts`). Every rank runs the same count (the largest any rank needs: ZeRO
+        reduces gradients every micro-step)."""
+        counts = auto_micro_batch_counts(minibatches, layout, self.engine.device, self.model.config,
+                                         self.cfg["model"]["dtype"], int(self.head["chunk_size"]))
         if self.world_size > 1:
             n = torch.tensor(counts + [-len(t) for t in minibatches], device=self.engine.device, dtype=torch.long)
             torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)

@@ -14,7 +14,6 @@ engine logprobs near the policy's (so ratios stay near 1). The config is `+exper
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 import time
 from pathlib import Path
@@ -71,15 +70,14 @@ def main() -> None:
         path = build_model("/tmp/qwen06b-model", QWEN3_06B)
     from transformers import AutoConfig
 
+    from trainer.dist import open_store
     from trainer.policy import PolicyTrainer
 
     cfg = build_cfg(path, args.device, args.samples, args.override)
     cuda = args.device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    tr = PolicyTrainer(cfg, path, 0, 1, "127.0.0.1", port)
+    store = open_store()  # the rendezvous the trainer joins
+    tr = PolicyTrainer(cfg, path, 0, 1, "127.0.0.1", store.port)
     trajs = trajectories(args.samples, args.prompt_len, args.min_len, args.len, AutoConfig.from_pretrained(path).vocab_size)
     norm = (len(trajs), int(sum(t.num_response_tokens for t in trajs)))
     tokens = sum(t.num_tokens for t in trajs)

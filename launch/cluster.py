@@ -28,7 +28,7 @@ from rl.config import needs_reference
 from rl.trajectory import Trajectory
 from rollout.judge_worker import JudgeWorker
 from rollout.worker import RolloutWorker
-from trainer.dist import free_port, node_address
+from trainer.dist import node_address, open_store
 from trainer.frozen import FrozenModel
 from trainer.policy import PolicyTrainer
 
@@ -179,9 +179,16 @@ class ActorPool:
 
 
 @ray.remote(num_cpus=0)
-def _rendezvous() -> tuple[str, int, str]:
-    """(IP, a free port, Ray node id) of the node this runs on: where trainer rank 0 will listen."""
-    return node_address(), free_port(), ray.get_runtime_context().get_node_id()
+class RendezvousStore:
+    """The trainer ranks' torch.distributed store, on rank 0's node for the whole run (`trainer.dist.open_store`:
+    its port is bound as it is chosen, so no other process can take it before the ranks connect)."""
+
+    def __init__(self):
+        self.store = open_store()
+
+    def address(self) -> tuple[str, int, str]:
+        """(IP, port, Ray node id) where the ranks connect."""
+        return node_address(), self.store.port, ray.get_runtime_context().get_node_id()
 
 
 class Cluster:
@@ -189,6 +196,7 @@ class Cluster:
         self.cfg = cfg
         r, t, rw = cfg["rollout"], cfg["trainer"], cfg["rewards"]
         self._latest_weights = None
+        self._store = None  # the trainer ranks' rendezvous (RendezvousStore)
         self._weight_sync = None  # vLLM: GPU weight sync (launch/weight_sync.py); hf: the object store, below
         self._placement = ColocatedPlacement(cfg)  # colocated vLLM: worker i and trainer rank i share GPU i
         rollout_cls = ray.remote(num_cpus=r["num_cpus"], num_gpus=r["num_gpus"])(RolloutWorker)
@@ -219,7 +227,8 @@ class Cluster:
         trainer_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["num_gpus"])(PolicyTrainer)
         # The ranks meet at rank 0's node (its IP and a port free there), which may not be the driver's.
         rank0 = self._placement.options(0)
-        addr, port, node = ray.get(_rendezvous.options(**rank0).remote())
+        self._store = RendezvousStore.options(**rank0).remote()
+        addr, port, node = ray.get(self._store.address.remote())
         if not rank0:  # not in the placement group: pin rank 0 to the node that was asked
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -314,7 +323,7 @@ class Cluster:
         return self._get_trainers([a.load.remote(ckpt_dir) for a in self.trainers])[0]
 
     def shutdown(self) -> None:
-        for a in [*self.rollout.actors, *self.rewards.actors, *self.trainers, self.reference, self.judge]:
+        for a in [*self.rollout.actors, *self.rewards.actors, *self.trainers, self.reference, self.judge, self._store]:
             if a is not None:
                 ray.kill(a)
         self._placement.remove()

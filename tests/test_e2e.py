@@ -26,7 +26,12 @@ def launch(run_dir: Path, *overrides: str, timeout: int = 900, outputs: dict | N
         [sys.executable, "-m", "launch.train", f"run_dir={run_dir}", "logger.progress_bar=false", *overrides],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
     )
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-6000:])
+    if proc.returncode != 0:  # pytest.fail prints the whole message (an assert's repr is cut to a few lines)
+        log = run_dir / "train.log"  # the workers' output: why an actor died is there, not in the driver's stderr
+        worker = log.read_text(errors="replace").splitlines()[-80:] if log.exists() else ["(no train.log)"]
+        pytest.fail(f"launch.train exited {proc.returncode}\n--- stderr (last 60 lines) ---\n"
+                    + "\n".join(proc.stderr.splitlines()[-60:]) + "\n--- train.log (last 80 lines) ---\n"
+                    + "\n".join(worker), pytrace=False)
     if outputs is not None:
         outputs.update(stdout=proc.stdout, stderr=proc.stderr)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

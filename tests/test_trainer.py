@@ -1,7 +1,6 @@
 """PolicyTrainer in-process (one DeepSpeed rank over gloo): updates, ZeRO-2 == ZeRO-3, KL, checkpoints."""
 
 import copy
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -13,16 +12,21 @@ from omegaconf import OmegaConf
 from rl.config import resolve_auto
 from rl.data import PromptMixture
 from rollout.worker import RolloutWorker
-from trainer.policy import PolicyTrainer
+from trainer.dist import open_store
 from trainer.frozen import FrozenModel
+from trainer.policy import PolicyTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+_STORE = []
+
+
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """The port of a rendezvous store that lives as long as this process (its first trainer joins through it)."""
+    if not _STORE:
+        _STORE.append(open_store())
+    return _STORE[0].port
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +209,16 @@ def test_pi_old_recomputed_by_the_trainer(setup):
     moved = PolicyTrainer(recfg, path, 0, 1, "127.0.0.1", _port()).train_step([shifted], norms)
     assert moved["is_clip_sum"] == moved["tokens"]  # e^0.5 > 1.2: every weight at the cap
     assert moved["clip_tokens"] == same["clip_tokens"]  # the ratio is against the recomputed pi_old, unchanged
+
+
+def test_rendezvous_port_is_held_from_the_moment_it_is_chosen():
+    """The trainer ranks' store binds its port as the OS picks it: no other process can take it before the ranks
+    connect (before, a port was found free, released, and bound again seconds later by the rank-0 trainer)."""
+    import socket
+
+    store = open_store()
+    with socket.socket() as s, pytest.raises(OSError):
+        s.bind(("", store.port))
+    client = torch.distributed.TCPStore("127.0.0.1", store.port, None, False)
+    client.set("k", "v")
+    assert store.get("k") == b"v"

@@ -38,6 +38,35 @@ def node_address() -> str:
         return "127.0.0.1"
 
 
+def open_store() -> "torch.distributed.TCPStore":
+    """A rendezvous store for the trainer ranks, listening on a port the OS picks as it binds (port 0). A port found
+    free beforehand and bound later can be taken in between by another process of the node (Ray starts many).
+    Its `port` is where the ranks connect (`init_process_group`); it serves while the object lives."""
+    import datetime
+
+    return torch.distributed.TCPStore("0.0.0.0", 0, None, True, timeout=datetime.timedelta(minutes=30),
+                                      wait_for_workers=False)
+
+
+def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> None:
+    """torch.distributed through the store at `master_addr:master_port` (`open_store`), then DeepSpeed, which finds
+    it initialized and keeps it. A process that already has a process group keeps it (tests build several
+    trainers in one process)."""
+    import datetime
+
+    init_process_group_env(rank, world_size, master_addr, master_port, device)
+    backend = "gloo" if device == "cpu" else "nccl"
+    if not torch.distributed.is_initialized():
+        timeout = datetime.timedelta(minutes=30)
+        store = torch.distributed.TCPStore(master_addr, master_port, None, False, timeout=timeout)
+        bind = {"device_id": torch.device("cuda", 0)} if device == "cuda" and world_size > 1 else {}  # as DeepSpeed
+        torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+                                             **bind)
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=backend)
+
+
 def init_process_group_env(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> None:
     """DeepSpeed reads these even for one process (otherwise it goes looking for mpi4py)."""
     os.environ.update(

@@ -23,7 +23,7 @@ from rl.metrics import accumulate_train_stats
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
 from trainer.dist import (
-    auto_micro_batch_counts, free_memory_bytes, free_port, init_process_group_env, node_address, pick_device,
+    auto_micro_batch_counts, free_memory_bytes, free_port, init_process_group, node_address, pick_device,
     release_cached_memory,
 )
 from trainer.forward import ForwardOut, PolicyForward, logit_scale, route_replay
@@ -82,10 +82,9 @@ class PolicyTrainer:
         if tcfg.get("threads"):
             torch.set_num_threads(int(tcfg["threads"]))
         torch.manual_seed(int(cfg["seed"]) + rank)
-        init_process_group_env(rank, world_size, master_addr, master_port, self.device)
+        init_process_group(rank, world_size, master_addr, master_port, self.device)  # a store at the address
         import deepspeed
 
-        deepspeed.init_distributed(dist_backend="gloo" if self.device == "cpu" else "nccl")
         self.tokenizer = load_tokenizer(model_path)
         model = load_causal_lm(model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"))
         # the engine samples from the model's own logits; the trainer's come from the head's weight (forward.py)

@@ -312,3 +312,27 @@ def test_reduce_rows_matches_a_direct_computation(logits):
     assert start.tolist() == [0, 1, 4, 9, LOST, LOST] and small.drain()[1] == sum(keep_counts)
     lp_only, none_total, none_start = reduce_rows_torch(processed, sampled, logits)
     assert none_total is None and none_start is None and torch.equal(lp_only, lp)
+
+
+@pytest.mark.parametrize("vocab, dtype", [(49152, np.uint16), (65536, np.uint16), (151936, np.int32)])
+def test_kept_ids_leave_the_gpu_in_16_bits_when_the_vocabulary_fits(vocab, dtype):
+    """Ids of a vocabulary of at most 2**16 are drained as uint16 (half the bytes to copy, send and gather), ids at
+    and past 2**15 included, and `assemble` hands every sample its ids as int32 whichever way they came."""
+    from rollout.kept_set import KeptIdBuffer, reduce_rows_torch
+    from rollout.vllm_capture import assemble, merge_chunks
+
+    x = torch.full((3, vocab), float("-inf"))
+    sets = [[0, 1], [32767, 32768, vocab - 1], [vocab - 2]]
+    for r, ids in enumerate(sets):
+        x[r, ids] = torch.arange(len(ids), dtype=torch.float32)
+    sampled = torch.tensor([1, 32768, vocab - 2])
+    buf = KeptIdBuffer(100, "cpu", vocab_size=vocab)
+    lp, total, start = reduce_rows_torch(x, sampled, True, buf)
+    flat, asked = buf.drain()
+    assert flat.dtype == dtype and asked == 6
+    assert [flat[s : s + n].tolist() for s, n in zip(start.tolist(), total.tolist())] == sets
+    chunk = dict(tok=sampled.numpy().astype(np.int32), lp=lp.numpy(), total=total.numpy(), start=start.numpy(),
+                 flat=flat, req=["a"] * 3, keep=np.ones(3, bool), index=np.array([5, 6, 7]))
+    (out,) = assemble(merge_chunks([chunk], with_ids=True), [("a", 5, sampled.numpy())])
+    assert out["kept_ids"].dtype == np.int32 and out["kept_ids"].tolist() == [i for s in sets for i in s]
+    assert out["kept_offsets"].tolist() == [0, 2, 5, 6] and not out["cut"].any()

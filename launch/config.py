@@ -214,5 +214,9 @@ def prepare(cfg: dict) -> str:
     check_model_path(str(cfg["model"]["path"]))
     model_path = resolve_model_path(cfg["model"]["path"])
     check_logit_processing(model_path)
-    resolve_auto(cfg, model_is_moe(model_path, cfg["algorithm"]["keep_routing"]))
+    moe = model_is_moe(model_path, cfg["algorithm"]["keep_routing"])
+    if moe and cfg["trainer"].get("compile"):
+        raise ConfigError(f"trainer.compile=true supports dense models; model.path={cfg['model']['path']} has routed "
+                          "experts (set trainer.compile=false)")
+    resolve_auto(cfg, moe)
     return model_path

@@ -118,6 +118,8 @@ def validate(cfg: Mapping) -> None:
     for key in ("pack_sequences", "gradient_checkpointing"):
         if key in t:
             check_choice(t, key, "trainer", AUTO_BOOL)
+    if "compile" in t:
+        check_choice(t, "compile", "trainer", {True, False})
     if "logprob_head" in t:
         check_choice(t, "logprob_head", "trainer", {"support", "dense"})
     check_number(a, "clip_eps_low", "algorithm", lo=0, hi=1)

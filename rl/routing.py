@@ -135,7 +135,8 @@ def route_dtype(num_experts: int) -> np.dtype:
     return np.dtype(np.uint8) if num_experts <= 256 else np.dtype(np.uint16)
 
 
-def _looks_moe(cfg) -> bool:
+def looks_moe(cfg) -> bool:
+    """Whether a model config describes routed experts (any family)."""
     for key in _MOE_CONFIG_KEYS:
         value = getattr(cfg, key, None)
         if isinstance(value, int) and value > 1:
@@ -149,7 +150,7 @@ def moe_layer_indices(config) -> list[int] | None:
     model_type = getattr(config, "model_type", None)
     adapter = _ADAPTERS.get(model_type)
     if adapter is None:
-        if _looks_moe(config):
+        if looks_moe(config):
             raise UnsupportedMoEError(
                 f"Keep Routing does not support MoE model_type {model_type!r}; "
                 f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"

@@ -222,3 +222,35 @@ def test_rendezvous_port_is_held_from_the_moment_it_is_chosen():
     client = torch.distributed.TCPStore("127.0.0.1", store.port, None, False)
     client.set("k", "v")
     assert store.get("k") == b"v"
+
+
+def test_compiled_layers_train_like_eager_ones(setup, tiny_dense_path):
+    """trainer.compile=true: every decoder layer of the policy and the reference runs through torch.compile (one
+    dynamic-shape graph for all micro-batch lengths) and gives eager's update and logprobs; MoE models are refused."""
+    from trainer.forward import compile_layers
+
+    cfg, _, moe_path = setup
+    cfg = copy.deepcopy(cfg)
+    cfg["algorithm"]["keep_routing"] = False
+    worker = RolloutWorker(cfg, tiny_dense_path, 0)
+    reqs = PromptMixture(cfg["domains"], worker.tokenizer, seed=2, max_prompt_tokens=512).next_batch(4)
+    for i, r in enumerate(reqs):
+        r["group_id"] = f"g{i}"
+    trajs = worker.generate(reqs, step=1)
+    assert len({t.num_tokens for t in trajs}) > 1  # several lengths through one graph
+    for i, t in enumerate(trajs):
+        t.advantage = (-1.0) ** i
+    _, before, eager, sums = _train_once(cfg, trajs, tiny_dense_path, 2, _port())
+    cfg["trainer"]["compile"] = True
+    tr, _, compiled, sums_c = _train_once(cfg, trajs, tiny_dense_path, 2, _port())
+    assert all(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in tr.model.model.layers)
+    assert abs(sums["grad_norm"] - sums_c["grad_norm"]) < 1e-4 * sums["grad_norm"]
+    assert any(not torch.equal(before[k], eager[k]) for k in eager)
+    assert all(float((eager[k] - compiled[k]).abs().max()) < 1e-3 for k in eager)
+    ref = FrozenModel(cfg, tiny_dense_path)
+    assert all(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in ref.model.model.layers)
+    cfg["trainer"]["compile"] = False
+    for a, b in zip(ref.logprobs(trajs), FrozenModel(cfg, tiny_dense_path).logprobs(trajs)):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+    with pytest.raises(ValueError, match="dense models"):
+        compile_layers(FrozenModel(cfg, moe_path).model)

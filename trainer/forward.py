@@ -78,6 +78,26 @@ def split_head(model):
     return body, head
 
 
+def compile_layers(model) -> int:
+    """`trainer.compile`: each decoder layer's forward through torch.compile (Inductor fuses the RMSNorm, SwiGLU and
+    rotary elementwise work around the GEMMs; one graph serves every layer of the same type, and `dynamic` shapes
+    serve every micro-batch length without recompiling). The layers' module hooks (ZeRO-3's parameter gathering)
+    stay outside the compiled code. Dense models only: an MoE layer's expert dispatch is data-dependent and Keep
+    Routing replays routes through hooks inside the layer. Returns how many layers were compiled."""
+    from rl.routing import looks_moe
+
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if looks_moe(config):
+        raise ValueError(f"trainer.compile=true supports dense models; {type(model).__name__} has routed experts "
+                         "(set trainer.compile=false)")
+    layers = getattr(split_head(model)[0], "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+        raise ValueError(f"trainer.compile=true: {type(model).__name__}'s decoder has no `layers` to compile")
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward, dynamic=True)
+    return len(layers)
+
+
 def logit_scale(model) -> float:
     """The factor the model applies to its LM head's output before the softmax (Cohere's `logit_scale`, Granite's
     1/`logits_scaling`, ...), measured on the model itself: the trainer computes logits from the body and the head's

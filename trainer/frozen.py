@@ -19,7 +19,7 @@ from rl.config import head_options, logprob_temperature, pack_sequences
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
 from trainer.dist import auto_micro_batch_counts, pick_device, release_cached_memory
-from trainer.forward import forward_logprobs, logit_scale, route_replay
+from trainer.forward import compile_layers, forward_logprobs, logit_scale, route_replay
 
 
 class FrozenModel:
@@ -33,6 +33,8 @@ class FrozenModel:
             model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"), self.device
         ).eval()
         self.model.requires_grad_(False)
+        if cfg["trainer"].get("compile"):
+            compile_layers(self.model)
         self.temperature = logprob_temperature(cfg["rollout"]) / logit_scale(self.model)
         acfg = cfg["algorithm"]
         self.replay_routes = bool(acfg["keep_routing"]) and bool(acfg["ref_keep_routing"])

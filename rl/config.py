@@ -120,6 +120,9 @@ def validate(cfg: Mapping) -> None:
             check_choice(t, key, "trainer", AUTO_BOOL)
     if "compile" in t:
         check_choice(t, "compile", "trainer", {True, False})
+        if t["compile"] and t["zero_stage"] == 3:  # its per-submodule gather hooks would break every compiled layer
+            raise ConfigError("trainer.compile=true needs trainer.zero_stage <= 2: ZeRO-3 hooks every submodule to "
+                              "gather its parameters, and each hook inside a compiled layer breaks its graph")
     if "logprob_head" in t:
         check_choice(t, "logprob_head", "trainer", {"support", "dense"})
     check_number(a, "clip_eps_low", "algorithm", lo=0, hi=1)

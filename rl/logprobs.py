@@ -68,7 +68,8 @@ def _entropy(z: torch.Tensor) -> torch.Tensor:
 def _fused_forward(z, targets, drop, inv_t: float, want_entropy: bool, want_full: bool):
     """One chunk's (logp, lse, entropy, full_entropy) from its raw logits z [c, V] (the head's output, any dtype),
     written as whole-tensor expressions for torch.compile to fuse into a few passes over z (the eager path makes
-    ~10). drop [c, V] bool: masked out (Keep Sampling Mask), or None. Entropy as lse - sum_v p_v z_v (= -sum p log p).
+    ~10). drop [c, V] bool: masked out (Keep Sampling Mask), or None. Entropy as log(sum e) - sum_v p_v (z_v - m)
+    with e = exp(z - m) (= -sum p log p; relative to the row's max, so large logits do not cancel).
     """
     z = z.to(_compute_dtype(z.dtype)) * inv_t
     full = _entropy(z) if want_full else None
@@ -79,7 +80,7 @@ def _fused_forward(z, targets, drop, inv_t: float, want_entropy: bool, want_full
     total = e.sum(-1)
     lse = m.squeeze(-1) + total.log()
     logp = z.gather(1, targets[:, None]).squeeze(1) - lse
-    entropy = lse - (e * torch.where(e > 0, z, 0.0)).sum(-1) / total if want_entropy else None
+    entropy = total.log() - (e * torch.where(e > 0, z - m, 0.0)).sum(-1) / total if want_entropy else None
     return logp, lse, entropy, full
 
 

@@ -252,15 +252,34 @@ def assemble(data: dict, completions: list[tuple[str, int, np.ndarray]]) -> list
             counts = np.where(cut, 1, data["total"][rows]).astype(np.int64)  # a cut position: the sampled id
             offsets = np.zeros(R + 1, np.int64)
             np.cumsum(counts, out=offsets[1:])
-            # one slice per position, joined and widened to int32 in one copy (an index array over every id, as
-            # before, cost ~2x: it is int64 and is written and read again)
-            flat, one = data["flat"], np.zeros(1, data["flat"].dtype)
-            ids = np.concatenate([one if b < 0 else flat[b : b + n] for b, n in zip(starts.tolist(), counts.tolist())],
-                                 dtype=np.int32)
+            ids = gather_kept_ids(data["flat"], starts, counts, offsets)
             ids[offsets[:-1][cut]] = data["tok"][rows][cut]
             result.update(kept_ids=ids, kept_offsets=offsets, cut=cut)
         out.append(result)
     return out
+
+
+# Mean kept ids per position above which `gather_kept_ids` copies one slice per position (a Python step each)
+# rather than indexing every id (an int64 index written and read again): the two cost the same at ~180 on the
+# CPU VM (benchmarks/capture_assemble.py)
+SLICES_ABOVE = 192
+
+
+def gather_kept_ids(flat: np.ndarray, starts: np.ndarray, counts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """One completion's kept ids, int32, position after position: `counts[i]` ids from `flat[starts[i]:]`; a cut
+    position (start < 0) gets one placeholder id (its sampled id is written over it)."""
+    n = int(offsets[-1])
+    if n > SLICES_ABOVE * len(counts):
+        one = np.zeros(1, flat.dtype)
+        ids = np.concatenate([one if b < 0 else flat[b : b + c] for b, c in zip(starts.tolist(), counts.tolist())],
+                             dtype=np.int32)
+    else:
+        src = np.where(starts < 0, 0, starts)
+        index = np.repeat(src - offsets[:-1], counts) + np.arange(n)
+        ids = flat[index].astype(np.int32) if len(flat) else np.zeros(n, np.int32)
+    if len(ids) != n:  # a row whose ids run past the drained buffer: the capture is out of step
+        raise RuntimeError(f"sampler capture: {len(ids)} kept ids gathered where the rows count {n}")
+    return ids
 
 
 # -- RPCs (run inside every vLLM worker through LLM.collective_rpc; only the driver rank records) -------------

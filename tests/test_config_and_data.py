@@ -41,6 +41,7 @@ def test_mixed_rl_composes_and_validates():
         ("trainer.mini_batches=3", "trainer.mini_batches"),
         ("algorithm.loss_aggregation=sum", "algorithm.loss_aggregation"),
         ("+domains.math.dataset.colums={prompt: q}", "domains.math.dataset.colums"),
+        ("trainer.compile=maybe", "trainer.compile"),
     ],
 )
 def test_bad_config_names_the_key(override, key):
@@ -180,3 +181,9 @@ def test_unsupported_moe_with_keep_routing_fails_at_start(tmp_path, tiny_moe_pat
 def test_v32_clips_symmetrically_by_default():
     a = composed()["algorithm"]
     assert a["clip_eps_low"] == a["clip_eps_high"] == 0.2  # clip-higher (DAPO) is an option, not the default
+
+
+def test_compiled_layers_need_zero_2_or_less():
+    check_config(composed("trainer.compile=true", "trainer.zero_stage=2"))
+    with pytest.raises(ConfigError, match=r"trainer\.compile=true needs trainer\.zero_stage <= 2"):
+        check_config(composed("trainer.compile=true", "trainer.zero_stage=3"))

@@ -221,14 +221,16 @@ def test_compiled_head_equals_the_eager_one(masked, with_bias):
     np.testing.assert_allclose(fused[1].numpy(), want_ent, rtol=0, atol=1e-10)
 
 
-def test_compiled_head_in_bfloat16_stays_close_to_float64():
-    """The fused entropy (lse - sum p z) and the float32 statistics from bf16 logits: as close to float64 as the
-    eager head's."""
+@pytest.mark.parametrize("dtype, offset", [(torch.bfloat16, 0.0), (torch.float32, 30.0)])
+def test_compiled_head_in_low_precision_stays_close_to_float64(dtype, offset):
+    """The fused entropy (taken relative to the row's max) and statistics from bf16 / fp32 logits, also when the
+    logits are large (a bias of 30 on every id): as close to float64 as the eager head's."""
     hidden, weight, _, targets, _, kept_ids, kept_offsets = _inputs(N=40, H=16, V=300)
-    kw = dict(temperature=1.0, chunk_size=16, with_entropy=True, kept_ids=kept_ids, kept_offsets=kept_offsets)
-    exact = token_logprobs(hidden, weight, targets, **kw)
-    low = [token_logprobs(hidden.detach().bfloat16(), weight.detach().bfloat16(), targets, compiled=c, **kw)
-           for c in (False, True)]
+    bias = torch.full((300,), offset, dtype=D)
+    kw = dict(temperature=0.7, chunk_size=16, with_entropy=True, kept_ids=kept_ids, kept_offsets=kept_offsets)
+    exact = token_logprobs(hidden, weight, targets, lm_bias=bias, **kw)
+    low = [token_logprobs(hidden.detach().to(dtype), weight.detach().to(dtype), targets, lm_bias=bias.to(dtype),
+                          compiled=c, **kw) for c in (False, True)]
     for k in range(3):
         err_eager = (low[0][k].double() - exact[k]).abs().max()
         err_fused = (low[1][k].double() - exact[k]).abs().max()

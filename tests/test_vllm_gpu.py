@@ -58,7 +58,7 @@ def setup(request, tmp_path_factory, ray_session):
     from launch.placement import ColocatedPlacement
     from launch.weight_sync import VLLMWeightSync
     from rollout.worker import RolloutWorker
-    from trainer.dist import free_port
+    from trainer.dist import open_store
     from trainer.policy import PolicyTrainer
 
     kind, placement = request.param
@@ -76,9 +76,9 @@ def setup(request, tmp_path_factory, ray_session):
     pg = ColocatedPlacement(cfg)  # colocated: both actors in one GPU bundle, as the driver places them
     worker = ray.remote(num_gpus=share, num_cpus=1)(RolloutWorker).options(**pg.options(0)).remote(cfg, path, 0)
     ray.get(worker.ready.remote())  # vLLM first: it profiles free memory at start
-    port = free_port()
+    store = open_store()  # the trainer's rendezvous; serves while this fixture lives
     trainer = ray.remote(num_gpus=share, num_cpus=1)(PolicyTrainer).options(**pg.options(0)).remote(
-        cfg, path, 0, 1, "127.0.0.1", port)
+        cfg, path, 0, 1, "127.0.0.1", store.port)
     ray.get(trainer.ready.remote())
     sync = VLLMWeightSync(cfg, [worker], [trainer])
     sync.init()

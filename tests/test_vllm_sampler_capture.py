@@ -336,3 +336,17 @@ def test_kept_ids_leave_the_gpu_in_16_bits_when_the_vocabulary_fits(vocab, dtype
     (out,) = assemble(merge_chunks([chunk], with_ids=True), [("a", 5, sampled.numpy())])
     assert out["kept_ids"].dtype == np.int32 and out["kept_ids"].tolist() == [i for s in sets for i in s]
     assert out["kept_offsets"].tolist() == [0, 2, 5, 6] and not out["cut"].any()
+
+
+@pytest.mark.parametrize("slices_above", [0, 10**9])  # one slice per position | one index over every id
+def test_gather_kept_ids_either_way(monkeypatch, slices_above):
+    """Both ways of gathering a completion's kept ids give the same int32 ids, a cut position one placeholder, and
+    rows that run past the drained buffer raise instead of coming back short."""
+    monkeypatch.setattr(vc, "SLICES_ABOVE", slices_above)
+    flat = np.array([5, 6, 7, 40000, 9, 1], np.uint16)
+    starts, counts = np.array([3, vc.LOST, 0, 5]), np.array([2, 1, 3, 1])
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    ids = vc.gather_kept_ids(flat, starts, counts, offsets)
+    assert ids.dtype == np.int32 and ids.tolist()[:2] == [40000, 9] and ids.tolist()[3:] == [5, 6, 7, 1]
+    with pytest.raises((RuntimeError, IndexError)):
+        vc.gather_kept_ids(flat, np.array([4]), np.array([3]), np.array([0, 3]))

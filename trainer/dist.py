@@ -42,26 +42,29 @@ def open_store() -> "torch.distributed.TCPStore":
     """A rendezvous store for the trainer ranks, listening on a port the OS picks as it binds (port 0). A port found
     free beforehand and bound later can be taken in between by another process of the node (Ray starts many).
     Its `port` is where the ranks connect (`init_process_group`); it serves while the object lives."""
-    import datetime
+    from deepspeed.constants import default_pg_timeout
 
-    return torch.distributed.TCPStore("0.0.0.0", 0, None, True, timeout=datetime.timedelta(minutes=30),
-                                      wait_for_workers=False)
+    return torch.distributed.TCPStore("0.0.0.0", 0, None, True, timeout=default_pg_timeout, wait_for_workers=False)
 
 
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> None:
     """torch.distributed through the store at `master_addr:master_port` (`open_store`), then DeepSpeed, which finds
     it initialized and keeps it. A process that already has a process group keeps it (tests build several
     trainers in one process)."""
-    import datetime
-
     init_process_group_env(rank, world_size, master_addr, master_port, device)
     backend = "gloo" if device == "cpu" else "nccl"
     if not torch.distributed.is_initialized():
-        timeout = datetime.timedelta(minutes=30)
-        store = torch.distributed.TCPStore(master_addr, master_port, None, False, timeout=timeout)
-        bind = {"device_id": torch.device("cuda", 0)} if device == "cuda" and world_size > 1 else {}  # as DeepSpeed
-        torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
-                                             **bind)
+        from deepspeed.constants import default_pg_timeout  # what DeepSpeed's own init uses (DEEPSPEED_TIMEOUT)
+        from packaging.version import Version
+
+        store = torch.distributed.TCPStore(master_addr, master_port, None, False, timeout=default_pg_timeout)
+        bind = {}
+        # As DeepSpeed: several NCCL ranks bind their GPU at init, except on the torch versions where that hangs
+        # (2.6.0 < torch < 2.7.1, pytorch#153960)
+        if device == "cuda" and world_size > 1 and not Version("2.6.0") < Version(torch.__version__) < Version("2.7.1"):
+            bind["device_id"] = torch.device("cuda", 0)
+        torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                             timeout=default_pg_timeout, **bind)
     import deepspeed
 
     deepspeed.init_distributed(dist_backend=backend)

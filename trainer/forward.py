@@ -81,9 +81,10 @@ def split_head(model):
 def compile_layers(model) -> int:
     """`trainer.compile`: each decoder layer's forward through torch.compile (Inductor fuses the RMSNorm, SwiGLU and
     rotary elementwise work around the GEMMs; one graph serves every layer of the same type, and `dynamic` shapes
-    serve every micro-batch length without recompiling). The layers' module hooks (ZeRO-3's parameter gathering)
-    stay outside the compiled code. Dense models only: an MoE layer's expert dispatch is data-dependent and Keep
-    Routing replays routes through hooks inside the layer. Returns how many layers were compiled."""
+    serve every micro-batch length without recompiling). Hooks on the layer itself run outside the compiled code;
+    ZeRO-3, which hooks every submodule, is refused with it at start (rl/config.py). Dense models only: an MoE
+    layer's expert dispatch is data-dependent and Keep Routing replays routes through hooks inside the layer.
+    Returns how many layers were compiled."""
     from rl.routing import looks_moe
 
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config

@@ -247,6 +247,11 @@ def test_compiled_layers_train_like_eager_ones(setup, tiny_dense_path):
     assert abs(sums["grad_norm"] - sums_c["grad_norm"]) < 1e-4 * sums["grad_norm"]
     assert any(not torch.equal(before[k], eager[k]) for k in eager)
     assert all(float((eager[k] - compiled[k]).abs().max()) < 1e-3 for k in eager)
+    # with gradient checkpointing the compiled layers run again in backward: same update
+    _, _, recomputed, sums_r = _train_once(cfg, trajs, tiny_dense_path, 2, _port(), checkpointing=True)
+    assert sums_r["gradient_checkpointing"] == 1.0
+    assert abs(sums["grad_norm"] - sums_r["grad_norm"]) < 1e-4 * sums["grad_norm"]
+    assert all(float((eager[k] - recomputed[k]).abs().max()) < 1e-3 for k in eager)
     ref = FrozenModel(cfg, tiny_dense_path)
     assert all(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in ref.model.model.layers)
     cfg["trainer"]["compile"] = False

@@ -194,11 +194,20 @@ class RendezvousStore:
 class Cluster:
     def __init__(self, cfg: dict, model_path: str):
         self.cfg = cfg
-        r, t, rw = cfg["rollout"], cfg["trainer"], cfg["rewards"]
         self._latest_weights = None
         self._store = None  # the trainer ranks' rendezvous (RendezvousStore)
         self._weight_sync = None  # vLLM: GPU weight sync (launch/weight_sync.py); hf: the object store, below
         self._placement = ColocatedPlacement(cfg)  # colocated vLLM: worker i and trainer rank i share GPU i
+        self.rollout = self.rewards = self.judge = self.reference = None
+        self.trainers: list = []
+        try:
+            self._start(cfg, model_path)
+        except BaseException:  # an actor that failed to start: stop the ones that did (their GPUs, their CPUs)
+            self.shutdown()
+            raise
+
+    def _start(self, cfg: dict, model_path: str) -> None:
+        r, t, rw = cfg["rollout"], cfg["trainer"], cfg["rewards"]
         rollout_cls = ray.remote(num_cpus=r["num_cpus"], num_gpus=r["num_gpus"])(RolloutWorker)
         self.rollout = ActorPool(
             "rollout",
@@ -209,8 +218,7 @@ class Cluster:
         )
         if r["engine"] != "hf":
             self.rollout.wait_ready()  # vLLM profiles GPU memory at start: start it before the trainers allocate
-        self.judge = None  # one rubric-judge actor for the run, shared by the reward workers
-        if uses_rubric_judge(cfg["domains"]):
+        if uses_rubric_judge(cfg["domains"]):  # one rubric-judge actor for the run, shared by the reward workers
             jc = rw["judge"]
             # max_restarts: a judge that dies is restarted; the batches in flight meanwhile score 0 with the reason.
             judge_cls = ray.remote(num_cpus=jc["num_cpus"], num_gpus=jc["num_gpus"], max_restarts=3)(JudgeWorker)
@@ -238,7 +246,6 @@ class Cluster:
                 cfg, model_path, rank, n, addr, port)
             for rank in range(n)
         ]
-        self.reference = None
         if needs_reference(cfg):
             ref_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
             self.reference = ref_cls.options(**self._placement.options("reference")).remote(cfg, model_path)
@@ -323,7 +330,9 @@ class Cluster:
         return self._get_trainers([a.load.remote(ckpt_dir) for a in self.trainers])[0]
 
     def shutdown(self) -> None:
-        for a in [*self.rollout.actors, *self.rewards.actors, *self.trainers, self.reference, self.judge, self._store]:
+        """Stop every actor started so far (also those of a start that failed part-way) and free the placement."""
+        pooled = [a for pool in (self.rollout, self.rewards) if pool is not None for a in pool.actors]
+        for a in [*pooled, *self.trainers, self.reference, self.judge, self._store]:
             if a is not None:
                 ray.kill(a)
         self._placement.remove()

@@ -189,3 +189,23 @@ def test_weight_sync_sends_every_worker_from_the_right_ranks(ray_local, placemen
     else:
         assert sends == [[("send", ["w0", "w1"])], [("send", [])]]
     assert all(ray.get(w.get_calls.remote()) == ["begin", "end"] for w in workers)
+
+
+def test_a_cluster_that_fails_to_start_stops_what_it_started(ray_local, tmp_path):
+    """An actor that cannot start (here every model-loading actor: the model path is empty) fails the start with
+    its error, and the actors that did start (reward workers, the rendezvous store) are stopped: their CPUs are
+    free again, not held until the driver exits."""
+    import time
+
+    from launch.cluster import Cluster
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=["+experiment=smoke_learn"]), resolve=True)
+    resolve_auto(cfg, is_moe=False)
+    total = ray.cluster_resources()["CPU"]
+    with pytest.raises(Exception, match="RolloutWorker|PolicyTrainer|died"):
+        Cluster(cfg, str(tmp_path / "no-model"))
+    deadline = time.time() + 30
+    while ray.available_resources().get("CPU", 0) < total and time.time() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == total

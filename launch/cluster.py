@@ -180,15 +180,15 @@ class ActorPool:
 
 @ray.remote(num_cpus=0)
 class RendezvousStore:
-    """The trainer ranks' torch.distributed store, on rank 0's node for the whole run (`trainer.dist.open_store`:
-    its port is bound as it is chosen, so no other process can take it before the ranks connect)."""
+    """The trainer ranks' torch.distributed store for the whole run (`trainer.dist.open_store`: its port is bound
+    as it is chosen, so no other process can take it before the ranks connect)."""
 
     def __init__(self):
         self.store = open_store()
 
-    def address(self) -> tuple[str, int, str]:
-        """(IP, port, Ray node id) where the ranks connect."""
-        return node_address(), self.store.port, ray.get_runtime_context().get_node_id()
+    def address(self) -> tuple[str, int]:
+        """(this node's IP, the port) where the ranks connect."""
+        return node_address(), self.store.port
 
 
 class Cluster:
@@ -233,19 +233,12 @@ class Cluster:
         )
         n = int(t["num_processes"])
         trainer_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["num_gpus"])(PolicyTrainer)
-        # The ranks meet at rank 0's node (its IP and a port free there), which may not be the driver's.
-        rank0 = self._placement.options(0)
-        self._store = RendezvousStore.options(**rank0).remote()
-        addr, port, node = ray.get(self._store.address.remote())
-        if not rank0:  # not in the placement group: pin rank 0 to the node that was asked
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            rank0 = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
-        self.trainers = [
-            trainer_cls.options(**(rank0 if rank == 0 else self._placement.options(rank))).remote(
-                cfg, model_path, rank, n, addr, port)
-            for rank in range(n)
-        ]
+        # The ranks meet at the store, wherever it runs (beside rank 0 when there is a placement group); no rank
+        # has to run on its node (a 0-CPU actor may land on a node with no GPU for a trainer)
+        self._store = RendezvousStore.options(**self._placement.options(0)).remote()
+        addr, port = ray.get(self._store.address.remote())
+        self.trainers = [trainer_cls.options(**self._placement.options(rank)).remote(cfg, model_path, rank, n, addr, port)
+                         for rank in range(n)]
         if needs_reference(cfg):
             ref_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
             self.reference = ref_cls.options(**self._placement.options("reference")).remote(cfg, model_path)

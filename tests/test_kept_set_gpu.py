@@ -30,7 +30,8 @@ def test_kernel_matches_torch(dtype, logits, vocab):
     logprobs = torch.cat(rows)
     processed = (logprobs + 3.0 if logits else logprobs).to(dtype)
     sampled = torch.multinomial(logprobs.exp(), 1, generator=gen).squeeze(1)
-    buf, ref = KeptIdBuffer(10_000_000, "cuda"), KeptIdBuffer(10_000_000, "cuda")
+    # the kernel's buffer drains as uint16 for the 1000-id vocabulary (narrowed on the device), int32 for 151,936
+    buf, ref = KeptIdBuffer(10_000_000, "cuda", vocab_size=vocab), KeptIdBuffer(10_000_000, "cuda")
     lp, total, start = reduce_rows(processed, sampled, logits, buf)
     lp_ref, total_ref, start_ref = reduce_rows_torch(processed, sampled, logits, ref)
     torch.testing.assert_close(lp, lp_ref, atol=2e-5, rtol=0)
@@ -39,6 +40,7 @@ def test_kernel_matches_torch(dtype, logits, vocab):
     # the atomics hand out room in any order: compare each row's whole set
     got, asked = buf.drain()
     want, asked_ref = ref.drain()
+    assert got.dtype == (np.uint16 if vocab <= 2**16 else np.int32)
     assert asked == asked_ref == int(total.sum())
     for r, (a, b) in enumerate(zip(_sets(got, total, start), _sets(want, total_ref, start_ref))):
         assert np.array_equal(a, b), r

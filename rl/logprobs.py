@@ -14,6 +14,8 @@ training policy is renormalised over the same set so pi_theta and pi_old share o
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -52,11 +54,17 @@ def _logits_chunk(hidden, weight, bias, temperature, cdt, s, e):
     return F.linear(hidden[s:e], weight, bias).to(cdt).div_(temperature)
 
 
+def _drop_chunk(kept_ids, offsets_cpu, targets, s, e, vocab: int) -> torch.Tensor | None:
+    """bool [e-s, V], True outside the kept sets of positions s..e-1; None without kept sets."""
+    if offsets_cpu is None:
+        return None
+    return kept_matrix(kept_ids, offsets_cpu, targets, s, e, vocab, invert=True)
+
+
 def _mask_chunk(z, kept_ids, offsets_cpu, targets, s, e):
     """-inf outside the kept sets of positions s..e-1 (in place); z unchanged without kept sets."""
-    if offsets_cpu is not None:
-        z.masked_fill_(kept_matrix(kept_ids, offsets_cpu, targets, s, e, z.shape[1], invert=True), float("-inf"))
-    return z
+    drop = _drop_chunk(kept_ids, offsets_cpu, targets, s, e, z.shape[1])
+    return z if drop is None else z.masked_fill_(drop, float("-inf"))
 
 
 def _entropy(z: torch.Tensor) -> torch.Tensor:
@@ -96,14 +104,10 @@ def _fused_backward(z, targets, drop, lse, g, inv_t: float, out_dtype: torch.dty
     return dz.to(out_dtype), (dz.sum(0) if want_bias else None)
 
 
-_COMPILED: dict = {}
-
-
+@functools.cache
 def _compiled(fn):
     """`fn` through torch.compile, once per process (dynamic shapes: the last chunk is shorter)."""
-    if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, dynamic=True)
-    return _COMPILED[fn]
+    return torch.compile(fn, dynamic=True)
 
 
 def _grad_buffers(ctx, hidden, weight, bias, lse):
@@ -153,8 +157,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         for s in range(0, N, chunk_size):
             e = min(s + chunk_size, N)
             if compiled:  # the head's GEMM as it is, the softmax statistics fused (`_fused_forward`)
-                drop = None if offsets_cpu is None else kept_matrix(kept_ids, offsets_cpu, targets, s, e,
-                                                                      weight.shape[0], invert=True)
+                drop = _drop_chunk(kept_ids, offsets_cpu, targets, s, e, weight.shape[0])
                 lp, ls, ent, full = _compiled(_fused_forward)(F.linear(hidden[s:e], weight, bias), targets[s:e], drop,
                                                                1.0 / temperature, with_entropy, bool(full_entropy.numel()))
                 logp[s:e], lse[s:e] = lp, ls
@@ -192,8 +195,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             e = min(s + ctx.chunk_size, N)
             g = grad_logp[s:e]
             if ctx.compiled:
-                drop = None if offsets_cpu is None else kept_matrix(kept_ids, offsets_cpu, targets, s, e,
-                                                                      weight.shape[0], invert=True)
+                drop = _drop_chunk(kept_ids, offsets_cpu, targets, s, e, weight.shape[0])
                 dz_in, dz_sum = _compiled(_fused_backward)(F.linear(hidden[s:e], weight, bias), targets[s:e], drop,
                                                            lse[s:e], g, 1.0 / ctx.temperature, hidden.dtype,
                                                            grad_b is not None)

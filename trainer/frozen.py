@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from rl.batching import micro_batches
-from rl.config import head_options, logprob_temperature, pack_sequences
+from rl.config import head_options, logprob_temperature, pack_sequences, rollout_placement
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
 from trainer.dist import auto_micro_batch_counts, pick_device, release_cached_memory
@@ -40,7 +40,7 @@ class FrozenModel:
         self.replay_routes = bool(acfg["keep_routing"]) and bool(acfg["ref_keep_routing"])
         self.packed = pack_sequences(cfg)
         self.head = head_options(cfg)
-        self.colocated = cfg["rollout"].get("placement", "colocated") == "colocated"  # vLLM wakes up after us
+        self.colocated = rollout_placement(cfg["rollout"]) == "colocated"  # vLLM wakes up after us
 
     def ready(self) -> bool:
         return True

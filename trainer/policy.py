@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from rl.batching import micro_batches, micro_batches_per_minibatch, per_rank_samples
-from rl.config import head_options, logprob_temperature, pack_sequences
+from rl.config import head_options, logprob_temperature, pack_sequences, rollout_placement
 from rl.memory import activation_bytes, micro_batch_tokens, should_checkpoint
 from rl.metrics import accumulate_train_stats
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
@@ -96,14 +96,14 @@ class PolicyTrainer:
             moe_layers(model)  # raises UnsupportedMoEError now rather than mid-run
         self.model = model
         model.config.use_cache = False
-        if tcfg.get("compile"):  # before DeepSpeed wraps it (ZeRO-3's hooks stay outside the compiled forwards)
+        if tcfg.get("compile"):  # before DeepSpeed wraps it (ZeRO stages <= 2: rl/config.py refuses ZeRO-3 with it)
             compile_layers(model)
         self.checkpointing_mode = str(tcfg["gradient_checkpointing"]).lower()  # true | false | auto (per step)
         self._set_checkpointing(self.checkpointing_mode == "true")
         # trainer.micro_batch_size=auto: each step is cut into the fewest micro-batches whose activations fit a share
         # of the free GPU memory (rl/memory.py), and the trainer marks DeepSpeed's accumulation boundary itself
         self.auto_micro = str(tcfg["micro_batch_size"]) == "auto"
-        self.colocated = cfg["rollout"].get("placement", "colocated") == "colocated"
+        self.colocated = rollout_placement(cfg["rollout"]) == "colocated"
         self.grad_accum = micro_batches_per_minibatch(cfg, world_size)
         micro = per_rank_samples(cfg, world_size) if self.auto_micro else int(tcfg["micro_batch_size"])
         ds_cfg = deepspeed_config(tcfg, cfg["model"]["dtype"], self.grad_accum, world_size, micro)

@@ -13,7 +13,9 @@ Runs (`--runs`):
 - trl_p1:         TRL 1.16 GRPOTrainer, vLLM colocate, the same prompts (chat template, system prompt), reward
                   function (rewards.math_reward on the completion) and hyper-parameters (loss_type grpo,
                   scale_rewards none, beta 0, epsilon 0.2), fp32 master weights with bf16 autocast like ours
-Each run goes to `--out/<run>/` (ours: metrics.jsonl; TRL: steps.jsonl). Runs are spread over `--gpus` (one
+Each run goes to `--out/<run>/` (ours: metrics.jsonl; TRL: steps.jsonl), or `--out/<run>-s<seed>/` for each of
+`--seeds` (ours: the config's `seed`, which orders the prompts and seeds sampling; TRL: its trainer seed and the
+dataset shuffle); the report averages a run's seeds. Runs are spread over `--gpus` (one
 process per GPU at a time, or `--per-gpu` at once: then s/step measures runs sharing a GPU). `--report` reads whatever runs are in `--out` and prints the table, writes the plot
 (`--plot`) and, with `--readme`, replaces the section between the markers in benchmarks/README.md.
 
@@ -55,15 +57,22 @@ def ours_command(run_dir: Path, steps: int, overrides: list[str]) -> list[str]:
             *overrides]
 
 
-def run_ours(name: str, out: Path, steps: int, extra: list[str], env: dict) -> None:
-    cmd = ours_command(out / name, steps, [*RUNS[name], *extra])
-    with open(out / f"{name}.log", "w") as log:
+def run_dir_name(name: str, seed: int | None) -> str:
+    return name if seed is None else f"{name}-s{seed}"
+
+
+def run_ours(name: str, out: Path, steps: int, extra: list[str], env: dict, seed: int | None = None) -> None:
+    dirname = run_dir_name(name, seed)
+    cmd = ours_command(out / dirname, steps, [*RUNS[name], *extra, *([f"seed={seed}"] if seed is not None else [])])
+    with open(out / f"{dirname}.log", "w") as log:
         subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
 
 
-def run_trl(name: str, out: Path, steps: int, extra: list[str], env: dict) -> None:
-    cmd = [sys.executable, __file__, "--trl-child", "--out", str(out), "--steps", str(steps), "--run", name]
-    with open(out / f"{name}.log", "w") as log:
+def run_trl(name: str, out: Path, steps: int, extra: list[str], env: dict, seed: int | None = None) -> None:
+    dirname = run_dir_name(name, seed)
+    cmd = [sys.executable, __file__, "--trl-child", "--out", str(out), "--steps", str(steps), "--run", dirname,
+           "--seed", str(1 if seed is None else seed)]
+    with open(out / f"{dirname}.log", "w") as log:
         subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
 
 
@@ -83,7 +92,7 @@ def trl_child(args) -> None:
     path = args.model_path or resolve_model_path(SMOLLM2)
     rows = [json.loads(x) for x in (BUNDLED_DIR / "math.jsonl").read_text().splitlines() if x.strip()]
     data = Dataset.from_list([{"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": r["question"]}],
-                               "answer": r["answer"]} for r in rows]).shuffle(seed=1)
+                               "answer": r["answer"]} for r in rows]).shuffle(seed=args.seed)
     params = {"max_answer_chars": 4000, "inner_timeout_s": 5}
 
     def math_reward(completions, answer, **_):
@@ -128,7 +137,7 @@ def trl_child(args) -> None:
         num_generations=8, max_completion_length=args.max_new_tokens, temperature=1.0, top_p=args.top_p, top_k=0,
         beta=args.beta, epsilon=0.2, loss_type="grpo", scale_rewards="none", num_iterations=1, use_vllm=True,
         vllm_mode="colocate", vllm_gpu_memory_utilization=args.vllm_mem, vllm_max_model_length=2048, bf16=True,
-        max_steps=args.steps, logging_steps=1, report_to="none", save_strategy="no", seed=1,
+        max_steps=args.steps, logging_steps=1, report_to="none", save_strategy="no", seed=args.seed,
         remove_unused_columns=False,
     )
     if args.smoke:  # a CPU check of this script's TRL wiring: tiny sizes, transformers generation
@@ -146,61 +155,79 @@ def launch(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     slots = [(gpu, j) for gpu in args.gpus for j in range(args.per_gpu)]  # runs at once on a GPU: per_gpu
     queues = {slot: [] for slot in slots}
-    for k, name in enumerate(args.runs):
-        queues[slots[k % len(slots)]].append(name)
+    for k, (name, seed) in enumerate((n, s) for s in (args.seeds or [None]) for n in args.runs):
+        queues[slots[k % len(slots)]].append((name, seed))
 
-    def worker(slot: tuple[str, int], names: list[str]) -> None:
+    def worker(slot: tuple[str, int], items: list[tuple[str, int | None]]) -> None:
         gpu = slot[0]
-        for name in names:
+        for name, seed in items:
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "PYTHONUNBUFFERED": "1",
                    "RAY_TMPDIR": tempfile.mkdtemp(prefix=f"ray-{name}-")}  # one local Ray cluster per run
             t0 = time.perf_counter()
-            (run_trl if name.startswith("trl") else run_ours)(name, out, args.steps, args.extra, env)
-            print(f"{name} on GPU {gpu}: {time.perf_counter() - t0:.0f} s", flush=True)
+            (run_trl if name.startswith("trl") else run_ours)(name, out, args.steps, args.extra, env, seed)
+            print(f"{run_dir_name(name, seed)} on GPU {gpu}: {time.perf_counter() - t0:.0f} s", flush=True)
 
     threads = [threading.Thread(target=worker, args=item) for item in queues.items()]
-    for th in threads:
+    for k, th in enumerate(threads):
+        if k and args.stagger:  # runs sharing a GPU: one vLLM engine at a time measures the free memory at start
+            time.sleep(args.stagger)
         th.start()
     for th in threads:
         th.join()
 
 
-def load(out: Path) -> dict[str, list[dict]]:
-    """Per run: [{step, reward, seconds}] from ours' metrics.jsonl or TRL's steps.jsonl."""
-    runs = {}
-    for name in RUNS:
-        ours, trl = out / name / "metrics.jsonl", out / name / "steps.jsonl"
-        if ours.exists():
-            rows = [json.loads(x) for x in ours.read_text().splitlines() if x.strip()]
-            runs[name] = [{"step": r["step"], "reward": r["reward/mean"], "seconds": r["time/step"],
-                           "kept_set_cut_frac": r.get("rollout/kept_set_cut_frac"),
-                           "mismatch": r.get("mismatch/logprob_abs")} for r in rows]
-        elif trl.exists():
-            runs[name] = [json.loads(x) for x in trl.read_text().splitlines() if x.strip()]
-    return runs
+def load_run(path: Path) -> list[dict] | None:
+    """[{step, reward, seconds, ...}] from ours' metrics.jsonl or TRL's steps.jsonl in one run dir (None: neither)."""
+    ours, trl = path / "metrics.jsonl", path / "steps.jsonl"
+    if ours.exists():
+        rows = [json.loads(x) for x in ours.read_text().splitlines() if x.strip()]
+        return [{"step": r["step"], "reward": r["reward/mean"], "seconds": r["time/step"],
+                 "kept_set_cut_frac": r.get("rollout/kept_set_cut_frac"),
+                 "mismatch": r.get("mismatch/logprob_abs")} for r in rows]
+    if trl.exists():
+        return [json.loads(x) for x in trl.read_text().splitlines() if x.strip()]
+    return None
+
+
+def load(out: Path) -> dict[str, dict[str, list[dict]]]:
+    """Per run, per seed label ("" for a run without --seeds, else "s<seed>"): its rows."""
+    runs: dict[str, dict[str, list[dict]]] = {}
+    for path in sorted(p for p in out.iterdir() if p.is_dir()) if out.is_dir() else []:
+        name, _, seed = path.name.partition("-s")
+        rows = load_run(path) if name in RUNS and (not seed or seed.isdigit()) else None
+        if rows:
+            runs.setdefault(name, {})[f"s{seed}" if seed else ""] = rows
+    return {n: runs[n] for n in RUNS if n in runs}
 
 
 def report(args) -> None:
     runs = load(Path(args.out))
     mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
-    short = min((len(rows) for rows in runs.values()), default=0)  # a run cut short: compare all at its last 10
-    lines = ["| run | steps | reward, first 10 steps | reward, last 10 steps | reward, steps "
+    lengths = [len(rows) for seeds in runs.values() for rows in seeds.values()]
+    short = min(lengths, default=0)  # a run cut short: compare all at its last 10
+    lines = ["| run | seeds | steps | reward, first 10 steps | reward, last 10 steps (per seed) | reward, steps "
              f"{max(short - 9, 1)}-{short} | s/step (steps 2+) | kept-set cut (tokens) | mean abs logp mismatch |",
-             "|---|---|---|---|---|---|---|---|"]
-    for name, rows in runs.items():
-        rewards = [r["reward"] for r in rows]
-        secs = [r["seconds"] for r in rows[1:] if r.get("seconds") is not None]
-        cut = [r["kept_set_cut_frac"] for r in rows if r.get("kept_set_cut_frac") is not None]
-        mism = [r["mismatch"] for r in rows if r.get("mismatch") is not None]
-        lines.append(f"| {LABELS[name]} | {len(rows)} | {mean(rewards[:10]):.3f} | {mean(rewards[-10:]):.3f} | "
-                     f"{mean(rewards[max(short - 10, 0):short]):.3f} | {mean(secs):.2f} | {max(cut) if cut else '-'} | "
-                     f"{f'{mean(mism):.3f}' if mism else '-'} |")
+             "|---|---|---|---|---|---|---|---|---|"]
+    curves = {}
+    for name, seeds in runs.items():
+        every = list(seeds.values())
+        rewards = [[r["reward"] for r in rows] for rows in every]
+        last = [mean(rw[-10:]) for rw in rewards]
+        secs = [r["seconds"] for rows in every for r in rows[1:] if r.get("seconds") is not None]
+        cut = [r["kept_set_cut_frac"] for rows in every for r in rows if r.get("kept_set_cut_frac") is not None]
+        mism = [r["mismatch"] for rows in every for r in rows if r.get("mismatch") is not None]
+        per_seed = f" ({', '.join(f'{x:.3f}' for x in last)})" if len(last) > 1 else ""
+        lines.append(f"| {LABELS[name]} | {', '.join(k or '-' for k in seeds)} | {min(map(len, every))} | "
+                     f"{mean([mean(rw[:10]) for rw in rewards]):.3f} | {mean(last):.3f}{per_seed} | "
+                     f"{mean([mean(rw[max(short - 10, 0):short]) for rw in rewards]):.3f} | {mean(secs):.2f} | "
+                     f"{max(cut) if cut else '-'} | {f'{mean(mism):.3f}' if mism else '-'} |")
+        n = min(map(len, rewards))  # the mean curve over seeds, as far as every seed went
+        label = LABELS[name] + (f" (mean of {len(every)} seeds)" if len(every) > 1 else "")
+        curves[label] = ([r["step"] for r in every[0][:n]], [mean([rw[i] for rw in rewards]) for i in range(n)])
     table = "\n".join(lines)
     print(table)
     if args.plot:
-        plot_curves(args.plot, {LABELS[n]: ([r["step"] for r in rows], [r["reward"] for r in rows])
-                                for n, rows in runs.items()},
-                    "mean reward (math-verify)", "GRPO on SmolLM2-135M-Instruct, bundled arithmetic")
+        plot_curves(args.plot, curves, "mean reward (math-verify)", "GRPO on SmolLM2-135M-Instruct, bundled arithmetic")
     if args.readme:
         write_readme_section("learn_real", "learning on a real model, ours vs TRL", args.note, table)
 
@@ -243,6 +270,10 @@ def main() -> None:
     ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     ap.add_argument("--gpus", nargs="+", default=["0"])
     ap.add_argument("--per-gpu", type=int, default=1, help="runs sharing one GPU at a time (vLLM memory 0.3 each)")
+    ap.add_argument("--seeds", nargs="+", type=int, help="run each of --runs once per seed (default: one run each, "
+                    "ours with the config's seed, TRL with seed 1)")
+    ap.add_argument("--stagger", type=float, default=0.0, help="seconds between starting runs that run at once")
+    ap.add_argument("--seed", type=int, default=1, help="with --trl-child: trainer and data-shuffle seed")
     ap.add_argument("--extra", nargs="*", default=[], help="more overrides for our runs")
     ap.add_argument("--report", action="store_true")
     ap.add_argument("--plot")

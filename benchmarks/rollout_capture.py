@@ -52,6 +52,7 @@ def child(args) -> None:
     engine = VLLMEngine(path, dtype="bfloat16", gpu_memory_utilization=args.gpu_mem, max_logprobs=65,
                         record_routes=args.routes, max_model_len=2048, capture="sampler")
     assert engine.capture == "sampler", "the sampler hook could not be installed on this vLLM"
+    engine.capture_profile = args.profile
     prompts = chat_prompts(engine.tokenizer, args.prompts)
     if args.fixed_length:  # the same work in every mode: no EOS stops a sample before max_new_tokens
         from vllm import SamplingParams as VSP
@@ -77,7 +78,10 @@ def child(args) -> None:
         row = dict(model=args.model, capture=mode, routes=args.routes, seconds=round(dt, 3), tokens=tokens,
                    tokens_per_s=round(tokens / dt, 1), convert_seconds=round(engine.last_convert_seconds, 3),
                    collect_seconds=round(engine.last_collect_seconds, 3) if mode == "sampler" else 0.0,
-                   flush_seconds=round(engine.last_flush_seconds, 3) if mode == "sampler" else 0.0)
+                   flush_seconds=round(engine.last_flush_seconds, 3) if mode == "sampler" else 0.0,
+                   generate_seconds=round(engine.last_generate_seconds, 3))
+        if mode == "sampler":  # the in-loop parts: CPU recording per step, and the GPU reduction with --profile
+            row.update({k: round(v, 4) if isinstance(v, float) else v for k, v in engine.last_capture_timing.items()})
         if capture:
             kept = sum(int(g.kept_offsets[-1]) for g in gens if g.kept_offsets is not None)
             row["kept_ids_per_token"] = round(kept / max(tokens, 1), 2)
@@ -106,6 +110,8 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["off", "sampler", "logprobs"], choices=["off", "sampler", "logprobs"])
     ap.add_argument("--fixed-length", action="store_true", help="every sample runs to --max-new-tokens")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--profile", action="store_true",
+                    help="time the capture's GPU reduction with CUDA events (adds two events per decode step)")
     args = ap.parse_args()
     if args.child:
         return child(args)
@@ -123,7 +129,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--child", "--workdir", workdir, "--prompts", str(args.prompts), "--n",
                str(args.n), "--max-new-tokens", str(args.max_new_tokens), "--gpu-mem", str(args.gpu_mem),
                "--top-k", str(args.top_k), "--repeats", str(args.repeats),
-               *(["--fixed-length"] if args.fixed_length else []), *extra]
+               *(["--fixed-length"] if args.fixed_length else []), *(["--profile"] if args.profile else []), *extra]
         # results are echoed as they come (a run cut short by a time limit keeps what it measured)
         with tempfile.TemporaryFile("w+") as errf:  # vLLM logs a lot to stderr: a pipe could fill and block it
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf, text=True,

@@ -62,6 +62,10 @@ class SamplerCapture:
         self.buffer: KeptIdBuffer | None = None
         self.flush_every = FLUSH_EVERY
         self.flush_seconds = 0.0  # time spent in flush() since start (it blocks vLLM's step loop)
+        self.record_seconds = 0.0  # CPU time spent recording rows since start (per decode step, flushes excluded)
+        self.steps = 0  # sampler calls recorded since start
+        self.profile = False  # also time the GPU reduction with CUDA events (benchmarks/rollout_capture.py)
+        self._events: list = []
         self._reset()
         sampler = runner.sampler
         original = sampler.sample
@@ -70,8 +74,11 @@ class SamplerCapture:
         def sample(*args, **kwargs):
             sampled, processed = original(*args, **kwargs)
             if self.active:
+                t0, flushed = time.perf_counter(), self.flush_seconds
                 try:
                     record(sampled, processed, args, kwargs)
+                    self.steps += 1
+                    self.record_seconds += time.perf_counter() - t0 - (self.flush_seconds - flushed)
                 except Exception as e:  # never take vLLM's engine down: stop recording, report it at collect
                     self.error, self.active = f"{type(e).__name__}: {e}", False
             return sampled, processed
@@ -86,13 +93,15 @@ class SamplerCapture:
         self._meta: list[tuple[list, np.ndarray | torch.Tensor, np.ndarray | None, np.ndarray]] = []
         self._cpu: list[dict] = []
 
-    def start(self, buffer_ids: int) -> None:
+    def start(self, buffer_ids: int, profile: bool = False) -> None:
         """Record rows from now on: logprobs, and with `buffer_ids` > 0 whole kept sets in a GPU buffer of that many
-        ids (allocated once, at the first start that needs it)."""
+        ids (allocated once, at the first start that needs it). `profile`: also time the GPU reduction."""
         self._reset()
         self.buffer_ids = max(int(buffer_ids), 0)
         self.flush_every = FLUSH_EVERY
-        self.flush_seconds = 0.0
+        self.flush_seconds = self.record_seconds = 0.0
+        self.steps = 0
+        self.profile, self._events = bool(profile), []
         self.error = None
         self.active = True
 
@@ -126,7 +135,13 @@ class SamplerCapture:
         """processed: logprobs, or logits (any per-row offset); both -inf outside the kept set."""
         if self.buffer_ids and (self.buffer is None or self.buffer.capacity != self.buffer_ids):
             self.buffer = KeptIdBuffer(self.buffer_ids, processed.device, vocab_size=processed.shape[-1])  # once
+        if self.profile and processed.is_cuda:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
         lp, total, start = reduce_rows(processed, sampled, logits, self.buffer if self.buffer_ids else None)
+        if self.profile and processed.is_cuda:
+            end.record()
+            self._events.append((begin, end))
         self._gpu.append((sampled.reshape(-1), lp, total, start))
         self._meta.append((req_ids, index, floor, keep))
         if len(self._gpu) >= self.flush_every:
@@ -167,7 +182,12 @@ class SamplerCapture:
         self.flush()
         self.active = False
         chunks, self._cpu = self._cpu, []
-        return {**merge_chunks(chunks, with_ids=self.buffer_ids > 0), "flush_seconds": self.flush_seconds}
+        timing = {"flush_seconds": self.flush_seconds, "record_seconds": self.record_seconds, "steps": self.steps}
+        if self._events:
+            torch.cuda.synchronize()
+            timing["reduce_gpu_seconds"] = sum(b.elapsed_time(e) for b, e in self._events) / 1e3
+            self._events = []
+        return {**merge_chunks(chunks, with_ids=self.buffer_ids > 0), **timing}
 
 
 def is_v2_runner(runner) -> bool:
@@ -312,10 +332,10 @@ def install_rpc(worker) -> str | None:
     return None
 
 
-def start_rpc(worker, buffer_ids: int) -> None:
+def start_rpc(worker, buffer_ids: int, profile: bool = False) -> None:
     cap = getattr(worker, "_mixrl_capture", None)
     if cap is not None:
-        cap.start(buffer_ids)
+        cap.start(buffer_ids, profile)
 
 
 def collect_rpc(worker) -> dict | None:

@@ -220,6 +220,11 @@ class VLLMEngine:
         self.last_convert_seconds = 0.0
         self.last_collect_seconds = 0.0  # sampler capture: moving the recorded rows out of vLLM's engine process
         self.last_flush_seconds = 0.0  # sampler capture: GPU -> CPU moves during generation (inside vLLM's loop)
+        self.last_generate_seconds = 0.0  # vLLM's generate call alone (capture's in-loop work included)
+        # sampler capture, per generate: CPU seconds recording rows (flushes excluded), decode steps recorded, and
+        # with `capture_profile` the GPU seconds of the reduction kernel (CUDA events; benchmarks only)
+        self.capture_profile = False
+        self.last_capture_timing: dict = {}
 
     # -- sampling ------------------------------------------------------------------------------------------
     def _sampling_params(self, sp: SamplingParams, capture: bool = True):
@@ -261,20 +266,26 @@ class VLLMEngine:
         if hook:
             from rollout.vllm_capture import collect_rpc, start_rpc
 
-            self.llm.collective_rpc(start_rpc, args=(self.kept_buffer_ids if want_mask else 0,))
+            self.llm.collective_rpc(start_rpc, args=(self.kept_buffer_ids if want_mask else 0, self.capture_profile))
+            t_gen = time.perf_counter()
             try:
                 outputs = self.llm.generate(inputs, params, use_tqdm=False)
-            finally:  # always stop recording (the driver rank's result is the one that is not None)
+            finally:
+                self.last_generate_seconds = time.perf_counter() - t_gen  # always stop recording (the driver rank's result is the one that is not None)
                 t_collect = time.perf_counter()
                 rows = next((r for r in self.llm.collective_rpc(collect_rpc) if r is not None),
                             {"error": "no vLLM worker returned the recorded rows"})
                 self.last_collect_seconds = time.perf_counter() - t_collect
                 self.last_flush_seconds = float(rows.get("flush_seconds", 0.0))
+                self.last_capture_timing = {k: rows[k] for k in ("record_seconds", "steps", "reduce_gpu_seconds")
+                                            if k in rows}
             if "error" in rows:
                 raise RuntimeError(f"rollout.capture=sampler failed inside vLLM ({rows['error']}); set "
                                    "rollout.capture=logprobs to take vLLM's logprobs output instead")
         else:
+            t_gen = time.perf_counter()
             outputs = self.llm.generate(inputs, params, use_tqdm=False)
+            self.last_generate_seconds = time.perf_counter() - t_gen
         t0 = time.perf_counter()
         comps = [sorted(req.outputs, key=lambda c: c.index) for req in outputs]
         if hook:

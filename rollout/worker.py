@@ -9,11 +9,16 @@ only with `rollout.per_request_seed=true`, which is slower; otherwise the engine
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 
 from rl.trajectory import Trajectory
 from rollout.engines import make_engine, resolve_engine, sampling_params
 from rollout.sampling import decode_response
+
+log = logging.getLogger(__name__)
 
 
 class RolloutWorker:
@@ -68,7 +73,9 @@ class RolloutWorker:
         return self.engine.continuation_logprobs(prompts, continuations)
 
     def sleep(self, level: int) -> None:
+        t0 = time.perf_counter()
         self.engine.sleep(level)
+        log.info("rollout worker %d: engine asleep (level %d) in %.2f s", self.rank, level, time.perf_counter() - t0)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.engine.wake_up(tags)
@@ -96,7 +103,12 @@ class RolloutWorker:
         return [t for group in out for t in group]
 
     def _single_turn(self, requests: list[dict], sp) -> list[Trajectory]:
+        t0 = time.perf_counter()
         groups = self.engine.generate([r["prompt_ids"] for r in requests], sp)
+        seconds = time.perf_counter() - t0
+        tokens = sum(len(g.response_ids) for gens in groups for g in gens)
+        log.info("rollout worker %d: %d samples, %d new tokens in %.2f s (%.0f tokens/s, capture and conversion "
+                 "included)", self.rank, sum(map(len, groups)), tokens, seconds, tokens / max(seconds, 1e-9))
         out = []
         for req, gens in zip(requests, groups):
             for j, g in enumerate(gens):

@@ -127,6 +127,8 @@ def test_sampler_capture_gives_each_completion_its_rows(monkeypatch, flush_every
     truth = _run_schedule(runner, torch.Generator().manual_seed(0), SCHEDULE)
     rows = vc.collect_rpc(worker)
     assert not worker._mixrl_capture.active
+    # every sampler call was recorded; its CPU time is reported apart from the flushes'
+    assert rows["steps"] == len(SCHEDULE) and rows["record_seconds"] > 0 and "reduce_gpu_seconds" not in rows
     internal = {vc.request_key(r): r for r in rows["req_ids"]}
     assert set(internal) == {"0_7", "1_7", "8"}
     comps = _completions(truth, internal)

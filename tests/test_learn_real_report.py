@@ -1,0 +1,47 @@
+"""benchmarks/learn_real.py's report: runs of several seeds are averaged, each seed's last-10 reward is listed."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("learn_real", ROOT / "benchmarks" / "learn_real.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _ours(path: Path, rewards: list[float]) -> None:
+    path.mkdir(parents=True)
+    path.joinpath("metrics.jsonl").write_text("".join(
+        json.dumps({"step": i + 1, "reward/mean": r, "time/step": 2.0, "rollout/kept_set_cut_frac": 0.0}) + "\n"
+        for i, r in enumerate(rewards)))
+
+
+def _trl(path: Path, rewards: list[float]) -> None:
+    path.mkdir(parents=True)
+    path.joinpath("steps.jsonl").write_text("".join(
+        json.dumps({"step": i + 1, "reward": r, "seconds": 3.0}) + "\n" for i, r in enumerate(rewards)))
+
+
+def test_report_averages_seeds(tmp_path, capsys):
+    mod = _module()
+    _ours(tmp_path / "ours_p095_ksm-s2", [0.0] * 10 + [0.4] * 10)
+    _ours(tmp_path / "ours_p095_ksm-s3", [0.0] * 10 + [0.6] * 10)
+    _trl(tmp_path / "trl_p1", [0.1] * 10 + [0.3] * 10)
+    (tmp_path / "ours_p1-sx").mkdir()  # not a seed: ignored
+    runs = mod.load(tmp_path)
+    assert list(runs) == ["ours_p095_ksm", "trl_p1"] and list(runs["ours_p095_ksm"]) == ["s2", "s3"]
+
+    class Args:  # the plot needs matplotlib, which the test extra does not install
+        out, plot, readme, note = str(tmp_path), None, False, ""
+
+    mod.report(Args())
+    table = capsys.readouterr().out.splitlines()
+    ksm = next(line for line in table if line.startswith("| ours, top_p=0.95 + Keep"))
+    assert "| s2, s3 | 20 | 0.000 | 0.500 (0.400, 0.600) |" in ksm
+    trl = next(line for line in table if line.startswith("| TRL"))
+    assert "| - | 20 | 0.100 | 0.300 |" in trl

@@ -130,18 +130,29 @@ def main() -> None:
                str(args.n), "--max-new-tokens", str(args.max_new_tokens), "--gpu-mem", str(args.gpu_mem),
                "--top-k", str(args.top_k), "--repeats", str(args.repeats),
                *(["--fixed-length"] if args.fixed_length else []), *(["--profile"] if args.profile else []), *extra]
-        # results are echoed as they come (a run cut short by a time limit keeps what it measured)
-        with tempfile.TemporaryFile("w+") as errf:  # vLLM logs a lot to stderr: a pipe could fill and block it
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf, text=True,
+        # The child writes to files, never to pipes (with pipes this mode printed nothing within 420 s on the device
+        # while the same child run alone finished in 128 s); results are echoed as they appear, so a run cut short by
+        # a time limit keeps what it measured.
+        out = []
+        with tempfile.TemporaryFile("w+b") as outf, tempfile.TemporaryFile("w+b") as errf:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=outf, stderr=errf,
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            out = []
-            for line in proc.stdout:
-                if line.startswith("RESULT "):
-                    out.append(json.loads(line[7:]))
-                    print(line, end="", flush=True)
-            proc.wait()
+            read = 0
+            while True:
+                done = proc.poll() is not None
+                outf.seek(read)
+                for line in outf.read().splitlines(keepends=True):
+                    if not line.endswith(b"\n") and not done:
+                        break  # a line still being written: read it whole next time
+                    read += len(line)
+                    if line.startswith(b"RESULT "):
+                        out.append(json.loads(line[7:]))
+                        print(line.decode().rstrip(), flush=True)
+                if done:
+                    break
+                time.sleep(1.0)
             errf.seek(0)
-            err = errf.read()
+            err = errf.read().decode(errors="replace")
         if proc.returncode != 0 or not out:
             print(f"FAILED {' '.join(extra)} (rc {proc.returncode})\n{err[-5000:]}", flush=True)
         rows += out

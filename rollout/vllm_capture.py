@@ -66,6 +66,7 @@ class SamplerCapture:
         self.steps = 0  # sampler calls recorded since start
         self.profile = False  # also time the GPU reduction with CUDA events (benchmarks/rollout_capture.py)
         self._events: list = []
+        self._ones = np.ones(0, dtype=bool)
         self._reset()
         sampler = runner.sampler
         original = sampler.sample
@@ -123,13 +124,21 @@ class SamplerCapture:
         n = int(sampled.reshape(-1).shape[0])
         if len(idx) != n:  # several logits per request (speculative decoding): refused at install
             raise RuntimeError(f"sampler capture: {n} sampled rows for {len(idx)} requests")
-        table = self.runner.req_states.index_to_req_id
-        req_ids = [table.get(int(i)) for i in idx]
+        # This runs at every decode step, on the CPU path of a loop that is CPU-bound for small models: C-level
+        # loops only (a Python loop over the rows cost ~3x as much).
+        req_ids = list(map(self.runner.req_states.index_to_req_id.get, idx.tolist()))
         prefill = self.runner.req_states.prefill_len.np[np.maximum(idx, 0)].astype(np.int64)
         floor = np.where(idx >= 0, prefill, np.iinfo(np.int64).max)
-        keep = np.array([r is not None for r in req_ids], dtype=bool)
-        index = got["pos"].reshape(-1)[:n].to(torch.int64) + 1  # on the GPU: read back at the next flush
+        keep = self._all_kept(n) if None not in req_ids else np.array([r is not None for r in req_ids], dtype=bool)
+        index = got["pos"].reshape(-1)[:n] + 1  # a new tensor on the GPU (vLLM reuses pos); read back at the flush
         self._record(sampled, processed_logits, True, req_ids, index, floor, keep)
+
+    def _all_kept(self, n: int) -> np.ndarray:
+        """A read-only all-True row mask of length n (shared: flush only reads it)."""
+        if len(self._ones) < n:
+            self._ones = np.ones(max(n, 2 * len(self._ones)), dtype=bool)
+            self._ones.flags.writeable = False
+        return self._ones[:n]
 
     def _record(self, sampled, processed, logits: bool, req_ids, index, floor, keep) -> None:
         """processed: logprobs, or logits (any per-row offset); both -inf outside the kept set."""
@@ -163,7 +172,7 @@ class SamplerCapture:
             per_step = asked / steps
             self.flush_every = int(min(FLUSH_EVERY, max(1, self.buffer.capacity // (2 * max(per_step, 1)))))
         index = [m[1] for m in self._meta]  # V1: numpy per step; V2: GPU tensors, read back in one copy
-        index = torch.cat(index).cpu().numpy() if self.v2 else np.concatenate(index)
+        index = torch.cat(index).cpu().numpy().astype(np.int64) if self.v2 else np.concatenate(index)
         keep = np.concatenate([m[3] for m in self._meta])
         if self.v2:  # a row is real once its new token lies past the request's prefill
             keep &= index >= np.concatenate([m[2] for m in self._meta])

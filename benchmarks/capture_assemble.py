@@ -70,8 +70,9 @@ def main() -> None:
     ids = sum(len(c["flat"]) for c in chunks)
     print(f"{args.requests} requests x {args.steps} tokens, {ids:,} kept ids ({ids / (args.requests * args.steps):.0f} "
           f"per token), ids as {chunks[0]['flat'].dtype}", flush=True)
-    print("| repeat | merge_chunks s | pickled MB | pickle + unpickle s | assemble s |")
-    print("|---|---|---|---|---|")
+    print("| repeat | merge_chunks s | pickled MB | pickle + unpickle s | assemble s | samples' kept ids: MB, pickle + "
+          "unpickle s |")
+    print("|---|---|---|---|---|---|")
     for rep in range(args.repeats):
         t0 = time.perf_counter()
         rows = merge_chunks(chunks, with_ids=True)
@@ -81,8 +82,13 @@ def main() -> None:
         t2 = time.perf_counter()
         out = assemble(rows, completions)
         t3 = time.perf_counter()
-        assert sum(len(o["kept_ids"]) for o in out) == ids and all(o["kept_ids"].dtype == np.int32 for o in out)
-        print(f"| {rep + 1} | {t1 - t0:.3f} | {len(blob) / 2**20:.0f} | {t2 - t1:.3f} | {t3 - t2:.3f} |", flush=True)
+        assert sum(len(o["kept_ids"]) for o in out) == ids
+        # what then travels with the samples (rollout worker -> reward worker -> driver -> trainer: once per hop)
+        sample_blob = pickle.dumps([(o["kept_ids"], o["kept_offsets"]) for o in out], protocol=5)
+        pickle.loads(sample_blob)
+        t4 = time.perf_counter()
+        print(f"| {rep + 1} | {t1 - t0:.3f} | {len(blob) / 2**20:.0f} | {t2 - t1:.3f} | {t3 - t2:.3f} | "
+              f"{len(sample_blob) / 2**20:.0f}, {t4 - t3:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ class Trajectory:
     # The kept set (Keep Sampling Mask) as CSR over response positions: the ids that survived top-k/top-p at
     # position j are kept_ids[kept_offsets[j]:kept_offsets[j+1]]. None = the full vocabulary (no truncation at
     # sampling, or algorithm.keep_sampling_mask off: then the engine does not record them).
-    kept_ids: np.ndarray | None = None  # int32
+    kept_ids: np.ndarray | None = None  # int32; uint16 from vLLM when the vocabulary fits (half the bytes to move)
     kept_offsets: np.ndarray | None = None  # int64 [R + 1]
     # Keep Routing: expert ids per position of prompt+response minus the last token, per layer, per slot:
     # [P + R - 1, num_hidden_layers, top_k], uint8 (uint16 above 256 experts); dense layers are zero rows.
@@ -197,7 +197,7 @@ def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> Train
         if not all(with_kept):
             raise ValueError("some trajectories of a batch carry a kept set (kept_ids) and some do not")
         kept = [t for t in trajs if t.kept_offsets is not None]
-        kept_ids = torch.from_numpy(np.concatenate([np.asarray(t.kept_ids, dtype=np.int32) for t in kept]))
+        kept_ids = torch.from_numpy(np.concatenate([np.asarray(t.kept_ids) for t in kept], dtype=np.int32))
         lens = np.concatenate([np.diff(np.asarray(t.kept_offsets, dtype=np.int64)) for t in kept])
         kept_offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
 

@@ -326,7 +326,7 @@ class AgentRunner:
         if ep.kept is not None:
             kept_offsets = np.zeros(R + 1, np.int64)
             np.cumsum([len(k) for k in ep.kept], out=kept_offsets[1:])
-            kept_ids = np.concatenate(ep.kept).astype(np.int32) if R else np.zeros(0, np.int32)
+            kept_ids = np.concatenate(ep.kept, dtype=np.int32) if R else np.zeros(0, np.int32)
         episode = {
             "env": self.env.name, "turns": ep.turns, "termination": ep.reason, "calls": ep.calls,
             "generated_tokens": int(sum(ep.generated)), "tool_tokens": int(R - sum(ep.generated)),

@@ -295,17 +295,20 @@ SLICES_ABOVE = 192
 
 
 def gather_kept_ids(flat: np.ndarray, starts: np.ndarray, counts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """One completion's kept ids, int32, position after position: `counts[i]` ids from `flat[starts[i]:]`; a cut
-    position (start < 0) gets one placeholder id (its sampled id is written over it)."""
+    """One completion's kept ids in `flat`'s dtype (uint16 when the vocabulary fits, else int32: the sample keeps
+    them so, which halves what travels to the reward worker, the driver and the trainer; `collate` widens them),
+    position after position: `counts[i]` ids from `flat[starts[i]:]`; a cut position (start < 0) gets one
+    placeholder id (its sampled id is written over it)."""
     n = int(offsets[-1])
+    dtype = flat.dtype if flat.dtype == np.uint16 else np.dtype(np.int32)
     if n > SLICES_ABOVE * len(counts):
         one = np.zeros(1, flat.dtype)
         ids = np.concatenate([one if b < 0 else flat[b : b + c] for b, c in zip(starts.tolist(), counts.tolist())],
-                             dtype=np.int32)
+                             dtype=dtype)
     else:
         src = np.where(starts < 0, 0, starts)
         index = np.repeat(src - offsets[:-1], counts) + np.arange(n)
-        ids = flat[index].astype(np.int32) if len(flat) else np.zeros(n, np.int32)
+        ids = flat[index].astype(dtype, copy=False) if len(flat) else np.zeros(n, dtype)
     if len(ids) != n:  # a row whose ids run past the drained buffer: the capture is out of step
         raise RuntimeError(f"sampler capture: {len(ids)} kept ids gathered where the rows count {n}")
     return ids

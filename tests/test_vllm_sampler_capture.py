@@ -319,7 +319,8 @@ def test_reduce_rows_matches_a_direct_computation(logits):
 @pytest.mark.parametrize("vocab, dtype", [(49152, np.uint16), (65536, np.uint16), (151936, np.int32)])
 def test_kept_ids_leave_the_gpu_in_16_bits_when_the_vocabulary_fits(vocab, dtype):
     """Ids of a vocabulary of at most 2**16 are drained as uint16 (half the bytes to copy, send and gather), ids at
-    and past 2**15 included, and `assemble` hands every sample its ids as int32 whichever way they came."""
+    and past 2**15 included; the sample keeps them in that dtype and `collate` gives the trainer int32 ids."""
+    from rl.trajectory import Trajectory, collate
     from rollout.kept_set import KeptIdBuffer, reduce_rows_torch
     from rollout.vllm_capture import assemble, merge_chunks
 
@@ -336,19 +337,28 @@ def test_kept_ids_leave_the_gpu_in_16_bits_when_the_vocabulary_fits(vocab, dtype
     chunk = dict(tok=sampled.numpy().astype(np.int32), lp=lp.numpy(), total=total.numpy(), start=start.numpy(),
                  flat=flat, req=["a"] * 3, keep=np.ones(3, bool), index=np.array([5, 6, 7]))
     (out,) = assemble(merge_chunks([chunk], with_ids=True), [("a", 5, sampled.numpy())])
-    assert out["kept_ids"].dtype == np.int32 and out["kept_ids"].tolist() == [i for s in sets for i in s]
+    assert out["kept_ids"].dtype == dtype and out["kept_ids"].tolist() == [i for s in sets for i in s]
     assert out["kept_offsets"].tolist() == [0, 2, 5, 6] and not out["cut"].any()
+    mk = lambda uid, ids, offsets: Trajectory(  # noqa: E731
+        uid=uid, group_id="g", domain="math", prompt_ids=np.arange(5), response_ids=sampled.numpy(),
+        inference_logprobs=np.zeros(3, np.float32), kept_ids=ids, kept_offsets=offsets)
+    other = np.array([3, vocab - 1, 7], np.int32)  # an int32 sample (the transformers engine's) in the same batch
+    batch = collate([mk("a", out["kept_ids"], out["kept_offsets"]), mk("b", other, np.arange(4))], pad_id=0)
+    assert batch.kept_ids.dtype == torch.int32
+    assert batch.kept_ids.tolist() == [i for s in sets for i in s] + other.tolist()
 
 
 @pytest.mark.parametrize("slices_above", [0, 10**9])  # one slice per position | one index over every id
 def test_gather_kept_ids_either_way(monkeypatch, slices_above):
-    """Both ways of gathering a completion's kept ids give the same int32 ids, a cut position one placeholder, and
-    rows that run past the drained buffer raise instead of coming back short."""
+    """Both ways of gathering a completion's kept ids give the same ids (in the buffer's uint16, or int32), a cut
+    position one placeholder, and rows that run past the drained buffer raise instead of coming back short."""
     monkeypatch.setattr(vc, "SLICES_ABOVE", slices_above)
     flat = np.array([5, 6, 7, 40000, 9, 1], np.uint16)
     starts, counts = np.array([3, vc.LOST, 0, 5]), np.array([2, 1, 3, 1])
     offsets = np.concatenate([[0], np.cumsum(counts)])
     ids = vc.gather_kept_ids(flat, starts, counts, offsets)
-    assert ids.dtype == np.int32 and ids.tolist()[:2] == [40000, 9] and ids.tolist()[3:] == [5, 6, 7, 1]
+    assert ids.dtype == np.uint16 and ids.tolist()[:2] == [40000, 9] and ids.tolist()[3:] == [5, 6, 7, 1]
+    wide = vc.gather_kept_ids(flat.astype(np.int32), starts, counts, offsets)
+    assert wide.dtype == np.int32 and wide.tolist() == ids.tolist()
     with pytest.raises((RuntimeError, IndexError)):
         vc.gather_kept_ids(flat, np.array([4]), np.array([3]), np.array([0, 3]))

@@ -106,7 +106,7 @@ def code_batch(n):
     return out
 
 
-def bench(kind, n, workers, responses=None):
+def bench(kind, n, workers, responses=None, steps=1):
     domain = "code" if kind == "code" else "math"
     cfg = {"num_workers": workers, "code": {"wall_s": 10, "cpu_s": 5}}
     math_spec = registry.REWARDS["math"]
@@ -122,13 +122,18 @@ def bench(kind, n, workers, responses=None):
     t0 = time.perf_counter()
     composer.score(batch)
     elapsed = time.perf_counter() - t0
+    later = []  # the same batch again, as every training step after the first scores with the same composer
+    for _ in range(steps - 1):
+        t0 = time.perf_counter()
+        composer.score(batch)
+        later.append(time.perf_counter() - t0)
     composer.close()
     errors = sum(t.reward_error is not None for t in batch)
     mean = sum(t.reward for t in batch) / n
     fast, params = registry.REWARDS["math"].fast, {"max_answer_chars": 4000}
     in_process = 0 if kind in ("code", "math-short-pool") else sum(
         fast(composer._view(t), params) is not None for t in batch)
-    return n / elapsed, elapsed, start_s, mean, errors, in_process
+    return n / elapsed, elapsed, start_s, mean, errors, in_process, (float(np.median(later)) if later else None)
 
 
 def main():
@@ -140,20 +145,22 @@ def main():
     ap.add_argument("--responses", help="math-real: a JSON list of {response, answer} (see --make-responses)")
     ap.add_argument("--real", type=int, default=256, help="math-real samples (cycling through --responses)")
     ap.add_argument("--make-responses", metavar="FILE", help="write SmolLM2's answers to FILE and exit")
+    ap.add_argument("--steps", type=int, default=1, help="score each batch this many times with one composer "
+                    "(as a training run does every step); 'later s' is the median after the first")
     args = ap.parse_args()
     if args.make_responses:
         return make_responses(args.make_responses)
     logging.basicConfig(level=logging.ERROR)
     print(f"cpus={os.cpu_count()} uid={os.geteuid()}")
     print(f"{'reward':15} {'samples':>7} {'workers':>7} {'samples/s':>10} {'score s':>8} {'start s':>8} "
-          f"{'mean':>6} {'errors':>6} {'in-process':>10}")
+          f"{'mean':>6} {'errors':>6} {'in-process':>10} {'later s':>8}")
     runs = (("math", args.math), ("math-short", args.short), ("math-short-pool", args.short),
             ("math-real", args.real if args.responses else 0), ("code", args.code))
     for kind, n in runs:
         for w in args.workers if n else ():
-            rate, elapsed, start_s, mean, errors, in_process = bench(kind, n, w, args.responses)
+            rate, elapsed, start_s, mean, errors, in_process, later = bench(kind, n, w, args.responses, args.steps)
             print(f"{kind:15} {n:7d} {w:7d} {rate:10.1f} {elapsed:8.3f} {start_s:8.2f} {mean:6.3f} {errors:6d} "
-                  f"{in_process:10d}", flush=True)
+                  f"{in_process:10d} {'-' if later is None else f'{later:.3f}':>8}", flush=True)
 
 
 if __name__ == "__main__":

@@ -174,6 +174,8 @@ class KillablePool:
         self.warmup = warmup
         self.start_timeout_s = start_timeout_s
         self.restarts = 0
+        self._mean_s: dict[str, float] = {}  # seconds per task of each function so far (batching, `_units`)
+        self.last_round_trips = 0  # futures the last `run` submitted (tasks or batches)
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)  # only takes effect if the forkserver is not running yet
         self._ctx = ctx
@@ -227,72 +229,140 @@ class KillablePool:
 
     # ------------------------------------------------------------------------------------------------- running
     def run(self, tasks: list[tuple[Callable, tuple, float]]) -> list[Outcome]:
-        """Run `(fn, args, timeout_s)` tasks; one Outcome per task, in order. Never raises for a task's failure."""
+        """Run `(fn, args, timeout_s)` tasks; one Outcome per task, in order. Never raises for a task's failure.
+
+        Tasks of a function that has been cheap so far (`CHEAP_TASK_S` on average) go to the workers in batches
+        (`_units`): one round trip per batch instead of per task, which is what a batch of short math answers
+        otherwise spends its time on. A batch past its deadline, or one that raised as a whole (an unpicklable
+        result), is split and its tasks run again one by one, so the culprit meets the per-task rules alone.
+        A crashed worker breaks every task in flight and does not say whose task crashed it: all of them become
+        suspects, run again one at a time with nothing beside them, and a task that crashes the pool twice on its
+        own is reported as "worker crashed"."""
         results: list[Outcome | None] = [None] * len(tasks)
-        queue = deque(range(len(tasks)))
+        queue = deque(self._units(tasks))
         attempts = [0] * len(tasks)
-        inflight: dict[cf.Future, tuple[int, float]] = {}  # future -> (task index, deadline)
+        suspects: set[int] = set()  # tasks in flight when a worker crashed
+        inflight: dict[cf.Future, tuple[list[int], float, bool]] = {}  # future -> (tasks, deadline, alone)
+        self.last_round_trips = 0
+
+        def crashed(unit: list[int], alone: bool, error: str) -> None:
+            if alone and len(unit) == 1:  # it crashed the pool by itself: one attempt used
+                attempts[unit[0]] += 1
+                if attempts[unit[0]] >= 2:
+                    results[unit[0]] = Outcome(False, error=error)
+                    suspects.discard(unit[0])
+                    return
+            suspects.update(unit)
+            queue.extendleft([i] for i in reversed(unit))
+
         while queue or inflight:
             if self._executor is None:
                 self._start()
-            while queue and len(inflight) < self.size:
-                i = queue.popleft()
-                fn, args, timeout_s = tasks[i]
+            while queue and len(inflight) < self.size and not any(a for *_, a in inflight.values()):
+                alone = any(i in suspects for i in queue[0])
+                if alone and inflight:
+                    break  # a suspect runs with nothing beside it: wait for the others
+                unit = queue.popleft()
                 try:
-                    fut = self._executor.submit(_run_task, fn, args)
+                    fut = self._executor.submit(_run_batch, [tasks[i][:2] for i in unit])
                 except cf.process.BrokenProcessPool:
                     # The pool died before this task ran (e.g. workers cannot start); bounded retries.
-                    attempts[i] += 1
-                    if attempts[i] >= 2:
-                        results[i] = Outcome(False, error="worker crashed (pool could not start)")
-                    else:
-                        queue.appendleft(i)
+                    crashed(unit, True, "worker crashed (pool could not start)")
                     self.restart()
                     continue
-                inflight[fut] = (i, time.monotonic() + timeout_s)
+                self.last_round_trips += 1
+                # a batch of cheap tasks that runs past one task's timeout is hung, not slow
+                inflight[fut] = (unit, time.monotonic() + max(tasks[i][2] for i in unit), alone)
             if not inflight:
                 continue
-            next_deadline = min(d for _, d in inflight.values())
+            next_deadline = min(d for _, d, _ in inflight.values())
             done, _ = cf.wait(list(inflight), timeout=max(0.0, next_deadline - time.monotonic()),
                               return_when=cf.FIRST_COMPLETED)
             broken = False
             for fut in done:
-                i, _ = inflight.pop(fut)
+                unit, _, alone = inflight.pop(fut)
                 try:
-                    status, value = fut.result()
+                    outs, seconds = fut.result()
                 except cf.process.BrokenProcessPool:
                     broken = True
-                    attempts[i] += 1
-                    if attempts[i] >= 2:
-                        results[i] = Outcome(False, error="worker crashed")
-                    else:
-                        queue.appendleft(i)
+                    crashed(unit, alone, "worker crashed")
                     continue
                 except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable argument or result
-                    results[i] = Outcome(False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
-                    continue
-                if status == "ok":
-                    results[i] = Outcome(True, value=value)
-                else:
-                    results[i] = Outcome(False, error=value, expected=status == "zero")
-            now = time.monotonic()
-            expired = [f for f, (_, d) in inflight.items() if d <= now and not f.done()]
-            if expired or broken:
-                for fut in expired:
-                    i, _ = inflight.pop(fut)
-                    results[i] = Outcome(False, error="timeout")
-                # Innocent in-flight tasks lose their worker with the pool: re-run them from scratch.
-                for fut, (i, _) in list(inflight.items()):
-                    if fut.done() and not fut.exception():
-                        status, value = fut.result()
-                        results[i] = Outcome(status == "ok", value=value if status == "ok" else None,
-                                             error=None if status == "ok" else value, expected=status == "zero")
+                    if len(unit) > 1:
+                        queue.extendleft([i] for i in reversed(unit))
                     else:
-                        queue.appendleft(i)
+                        results[unit[0]] = Outcome(False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                    continue
+                self._note_duration(tasks[unit[0]][0], seconds / len(unit))
+                for i, out in zip(unit, outs):
+                    results[i] = _outcome(*out)
+                    suspects.discard(i)
+            now = time.monotonic()
+            expired = [f for f, (_, d, _) in inflight.items() if d <= now and not f.done()]
+            if expired or broken:
+                timed_out = 0
+                for fut in expired:
+                    unit, _, _ = inflight.pop(fut)
+                    if len(unit) > 1:  # a hung batch: its tasks again, one by one
+                        queue.extendleft([i] for i in reversed(unit))
+                    else:
+                        results[unit[0]] = Outcome(False, error="timeout")
+                        timed_out += 1
+                # Other tasks in flight lose their worker with the pool: re-run them from scratch.
+                for fut, (unit, _, alone) in list(inflight.items()):
+                    if fut.done() and not fut.exception():
+                        for i, out in zip(unit, fut.result()[0]):
+                            results[i] = _outcome(*out)
+                    elif broken:  # whose task crashed the worker is not known: it may have been this one
+                        crashed(unit, False, "worker crashed")
+                    else:
+                        queue.appendleft(unit)
                 inflight.clear()
-                logger.warning("reward pool: restarting (%d timed out, crashed=%s)", len(expired), broken)
+                logger.warning("reward pool: restarting (%d timed out, %d batches split, crashed=%s)", timed_out,
+                               len(expired) - timed_out, broken)
                 self.restart()
         return results  # type: ignore[return-value]
+
+    def _units(self, tasks: list[tuple[Callable, tuple, float]]) -> list[list[int]]:
+        """Task indices grouped into what each round trip carries: batches of tasks whose function has been cheap,
+        about `BATCHES_PER_WORKER` per worker (at most `MAX_BATCH` tasks), and single tasks otherwise."""
+        cheap = [i for i, (fn, _, _) in enumerate(tasks)
+                 if self._mean_s.get(_fn_key(fn), float("inf")) < CHEAP_TASK_S]
+        k = min(MAX_BATCH, -(-len(cheap) // (BATCHES_PER_WORKER * self.size))) if cheap else 1
+        if k <= 1:
+            return [[i] for i in range(len(tasks))]
+        is_cheap = set(cheap)
+        units = [cheap[j : j + k] for j in range(0, len(cheap), k)]
+        return units + [[i] for i in range(len(tasks)) if i not in is_cheap]
+
+    def _note_duration(self, fn: Callable, seconds: float) -> None:
+        """Running mean (EMA) of a function's seconds per task, as its worker timed it."""
+        key = _fn_key(fn)
+        old = self._mean_s.get(key)
+        self._mean_s[key] = seconds if old is None else 0.8 * old + 0.2 * seconds
+
+
+# What makes tasks go to the workers in batches (KillablePool.run)
+CHEAP_TASK_S = 0.02  # a function whose tasks ran for less than this on average in the worker
+BATCHES_PER_WORKER = 4  # batches per worker per run: few round trips, and little left for the last batch
+MAX_BATCH = 32  # tasks per batch at most
+
+
+def _fn_key(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _outcome(status: str, value: Any) -> Outcome:
+    if status == "ok":
+        return Outcome(True, value=value)
+    return Outcome(False, error=value, expected=status == "zero")
+
+
+def _run_batch(items: list[tuple[Callable, tuple]]) -> tuple[list[tuple[str, Any]], float]:
+    """Runs in the worker: one or more tasks, each with its own outcome; and the seconds they took together."""
+    start = time.perf_counter()
+    outs = [_run_task(fn, args) for fn, args in items]
+    return outs, time.perf_counter() - start
 
 
 # In the forkserver (this module is first in its preload list): die with the pool owner, who set _OWNER_ENV.

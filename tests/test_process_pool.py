@@ -79,3 +79,81 @@ def test_children_die_with_sigkilled_owner(in_thread, tmp_path):
                     os.kill(p, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+
+# -- batching: cheap tasks travel to the workers several at a time, each keeping its own outcome ----------------
+def _cheap(x):  # module-level: pickled by reference into the pool's workers
+    from rewards.spec import RewardZero
+
+    if x < 0:
+        os._exit(1)  # a crash of the worker process
+    if x == 13_000:
+        while True:
+            pass
+    if x % 5 == 0:
+        raise RewardZero(f"zero {x}")
+    if x % 7 == 0:
+        raise ValueError(f"bad {x}")
+    return x * x
+
+
+def _check(outs, xs):
+    for x, o in zip(xs, outs):
+        if x % 5 == 0:
+            assert not o.ok and o.expected and o.error == f"zero {x}"
+        elif x % 7 == 0:
+            assert not o.ok and not o.expected and o.error == f"ValueError: bad {x}"
+        else:
+            assert o.ok and o.value == x * x
+
+
+def test_cheap_tasks_go_in_batches_with_their_own_outcomes():
+    from rewards.process_pool import BATCHES_PER_WORKER, KillablePool
+
+    pool = KillablePool(2)
+    try:
+        xs = list(range(1, 41))
+        first = pool.run([(_cheap, (x,), 30.0) for x in xs])
+        assert pool.last_round_trips == 40  # nothing known about the function yet: one task per round trip
+        _check(first, xs)
+        again = pool.run([(_cheap, (x,), 30.0) for x in xs])
+        assert pool.last_round_trips == BATCHES_PER_WORKER * 2  # 40 cheap tasks -> 8 batches of 5
+        _check(again, xs)
+        assert pool.restarts == 0
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("culprit, error", [(13_000, "timeout"), (-3, "worker crashed")], ids=["hang", "crash"])
+def test_a_task_that_breaks_its_batch_is_found_alone(culprit, error):
+    from rewards.process_pool import KillablePool
+
+    pool = KillablePool(2)
+    try:
+        xs = list(range(1, 41))
+        pool.run([(_cheap, (x,), 30.0) for x in xs])  # the function is known to be cheap from now on
+        xs[12] = culprit
+        t0 = time.monotonic()
+        outs = pool.run([(_cheap, (x,), 1.5) for x in xs])
+        assert time.monotonic() - t0 < 20
+        assert pool.last_round_trips > 8  # the broken batch was split and its tasks ran one by one
+        assert not outs[12].ok and outs[12].error == error
+        _check(outs[:12] + outs[13:], xs[:12] + xs[13:])  # every other task has its own outcome
+    finally:
+        pool.close()
+
+
+def test_a_crash_blames_only_the_task_that_crashed():
+    """Tasks sent one by one (a function not yet known to be cheap): a crash breaks every task in flight, and only
+    the one that then crashes the pool on its own is reported; its neighbours in flight get their own results."""
+    from rewards.process_pool import KillablePool
+
+    pool = KillablePool(2)
+    try:
+        xs = [x for x in range(1, 21) if x % 5 and x % 7]
+        xs[3] = -1
+        outs = pool.run([(_cheap, (x,), 30.0) for x in xs])
+        assert pool.last_round_trips >= len(xs) and not outs[3].ok and outs[3].error == "worker crashed"
+        assert all(o.ok and o.value == x * x for x, o in zip(xs, outs) if x != -1)
+    finally:
+        pool.close()

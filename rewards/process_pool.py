@@ -266,26 +266,29 @@ class KillablePool:
                 try:
                     fut = self._executor.submit(_run_batch, [tasks[i][:2] for i in unit])
                 except cf.process.BrokenProcessPool:
+                    if inflight:  # a task in flight broke the pool: the wait below finds it and restarts
+                        queue.appendleft(unit)
+                        break
                     # The pool died before this task ran (e.g. workers cannot start); bounded retries.
                     crashed(unit, True, "worker crashed (pool could not start)")
                     self.restart()
                     continue
                 self.last_round_trips += 1
-                # a batch of cheap tasks that runs past one task's timeout is hung, not slow
-                inflight[fut] = (unit, time.monotonic() + max(tasks[i][2] for i in unit), alone)
+                # Each task keeps its own timeout: a batch of cheap tasks past the shortest of them is split
+                inflight[fut] = (unit, time.monotonic() + min(tasks[i][2] for i in unit), alone)
             if not inflight:
                 continue
             next_deadline = min(d for _, d, _ in inflight.values())
             done, _ = cf.wait(list(inflight), timeout=max(0.0, next_deadline - time.monotonic()),
                               return_when=cf.FIRST_COMPLETED)
-            broken = False
+            broken, solo = False, len(inflight) == 1  # solo: nothing else was in flight
             for fut in done:
                 unit, _, alone = inflight.pop(fut)
                 try:
                     outs, seconds = fut.result()
                 except cf.process.BrokenProcessPool:
                     broken = True
-                    crashed(unit, alone, "worker crashed")
+                    crashed(unit, alone or solo, "worker crashed")
                     continue
                 except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable argument or result
                     if len(unit) > 1:
@@ -293,7 +296,8 @@ class KillablePool:
                     else:
                         results[unit[0]] = Outcome(False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
                     continue
-                self._note_duration(tasks[unit[0]][0], seconds / len(unit))
+                for i, sec in zip(unit, seconds):
+                    self._note_duration(tasks[i][0], sec)
                 for i, out in zip(unit, outs):
                     results[i] = _outcome(*out)
                     suspects.discard(i)
@@ -358,11 +362,14 @@ def _outcome(status: str, value: Any) -> Outcome:
     return Outcome(False, error=value, expected=status == "zero")
 
 
-def _run_batch(items: list[tuple[Callable, tuple]]) -> tuple[list[tuple[str, Any]], float]:
-    """Runs in the worker: one or more tasks, each with its own outcome; and the seconds they took together."""
-    start = time.perf_counter()
-    outs = [_run_task(fn, args) for fn, args in items]
-    return outs, time.perf_counter() - start
+def _run_batch(items: list[tuple[Callable, tuple]]) -> tuple[list[tuple[str, Any]], list[float]]:
+    """Runs in the worker: one or more tasks, each with its own outcome and the seconds it took."""
+    outs, seconds = [], []
+    for fn, args in items:
+        start = time.perf_counter()
+        outs.append(_run_task(fn, args))
+        seconds.append(time.perf_counter() - start)
+    return outs, seconds
 
 
 # In the forkserver (this module is first in its preload list): die with the pool owner, who set _OWNER_ENV.

@@ -178,7 +178,7 @@ class SamplerCapture:
             keep &= index >= np.concatenate([m[2] for m in self._meta])
         chunk["req"] = [r for m in self._meta for r in m[0]]
         chunk["keep"] = keep
-        chunk["index"] = index.astype(np.int64)
+        chunk["index"] = index.astype(np.int64, copy=False)
         self._cpu.append(chunk)
         self._gpu, self._meta = [], []
         self.flush_seconds += time.perf_counter() - t0

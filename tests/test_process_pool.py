@@ -90,6 +90,8 @@ def _cheap(x):  # module-level: pickled by reference into the pool's workers
     if x == 13_000:
         while True:
             pass
+    if x == 12_000:
+        time.sleep(2.0)  # slow, not hung: past a short timeout of its own
     if x % 5 == 0:
         raise RewardZero(f"zero {x}")
     if x % 7 == 0:
@@ -155,5 +157,33 @@ def test_a_crash_blames_only_the_task_that_crashed():
         outs = pool.run([(_cheap, (x,), 30.0) for x in xs])
         assert pool.last_round_trips >= len(xs) and not outs[3].ok and outs[3].error == "worker crashed"
         assert all(o.ok and o.value == x * x for x, o in zip(xs, outs) if x != -1)
+    finally:
+        pool.close()
+
+
+def test_a_batched_task_keeps_its_own_timeout():
+    """A task with a short timeout inside a batch of tasks with long ones still times out at its own."""
+    from rewards.process_pool import KillablePool
+
+    pool = KillablePool(1)
+    try:
+        xs = [x for x in range(1, 30) if x % 5 and x % 7]
+        pool.run([(_cheap, (x,), 30.0) for x in xs])  # cheap from now on: batched
+        xs[2] = 12_000
+        outs = pool.run([(_cheap, (x,), 0.5 if x == 12_000 else 30.0) for x in xs])
+        assert not outs[2].ok and outs[2].error == "timeout"
+        assert all(o.ok and o.value == x * x for x, o in zip(xs, outs) if x != 12_000)
+    finally:
+        pool.close()
+
+
+def test_a_task_crashing_a_one_worker_pool_is_blamed_after_two_crashes():
+    from rewards.process_pool import KillablePool
+
+    pool = KillablePool(1)
+    try:
+        outs = pool.run([(_cheap, (1,), 30.0), (_cheap, (-1,), 30.0), (_cheap, (2,), 30.0)])
+        assert [o.ok for o in outs] == [True, False, True] and outs[1].error == "worker crashed"
+        assert pool.restarts == 2
     finally:
         pool.close()

@@ -253,7 +253,10 @@ class AgentRunner:
                 by_room.setdefault(room, []).append(ep)
         for room, eps in sorted(by_room.items()):
             seed = None if sp.seed is None else (sp.seed + 7919 * (turn + 1)) % (2**63)
-            tsp = dataclasses.replace(sp, n=1, max_new_tokens=room, seed=seed)
+            # a turn ends at the format's end token even where it is not the tokenizer's EOS (a base model with
+            # ChatML markup: EOS <|endoftext|>, turns end at <|im_end|>)
+            tsp = dataclasses.replace(sp, n=1, max_new_tokens=room, seed=seed,
+                                      stop_token_ids=sorted({*sp.stop_token_ids, *self.format.stop_ids}))
             for ep, (g,) in zip(eps, self.engine.generate([ep.context for ep in eps], tsp)):
                 ep.add_generation(g)
                 text = decode_response(self.tok, g.response_ids)

@@ -6,6 +6,7 @@ which answers with given texts so that the tool-call paths (a call, a bad call, 
 overflow) run deterministically; it returns real token ids of the real tokenizer, nothing else is replaced.
 """
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -29,6 +30,7 @@ class ScriptedEngine:
 
     def generate(self, prompts, sp):
         self.calls.append([list(p) for p in prompts])
+        self.params = sp
         turn = len(self.calls) - 1
         ids = self.tokenizer(self.texts[turn] + "<|im_end|>", add_special_tokens=False)["input_ids"]
         ids = ids[: sp.max_new_tokens]
@@ -76,6 +78,8 @@ def test_a_tool_call_then_submit_token_in_token_out(tok):
     assert t.generated.tolist() == [True] * len(gen1) + [False] * len(tool_ids) + [True] * (R - len(gen1) - len(tool_ids))
     assert np.array_equal(t.loss_mask, t.generated.astype(np.float32)) and t.num_generated_tokens == R - len(tool_ids)
     assert t.finish_reason == "stop" and "17" in t.response_text and "<tool_response>" in ep["transcript"]
+    # every turn stops at the format's end token, also where the tokenizer's EOS is another token
+    assert tok.convert_tokens_to_ids("<|im_end|>") in engine.params.stop_token_ids
 
 
 def test_bad_calls_are_fed_back_and_the_episode_goes_on(tok):
@@ -303,3 +307,18 @@ def test_demo_needs_another_task_a_solver_and_no_thinking(tmp_path, tok):
         runner._prompt_ids(runner.task_of({"id": "smoke-0"}))
     with pytest.raises(ValueError, match="no reference solution"):
         runner._prompt_ids({"id": "other", "prompt": "x"})
+
+
+def test_turns_stop_at_the_end_token_when_eos_is_another_token(tok):
+    """A base model with ChatML markup: its EOS is not <|im_end|>, yet each turn must end there (else the model writes
+    past its turn and the tool results land in the middle of whatever it wrote next)."""
+    import copy
+
+    base = copy.deepcopy(tok)
+    base.eos_token = "<|endoftext|>" if "<|endoftext|>" in base.get_vocab() else base.pad_token
+    assert base.eos_token != "<|im_end|>"
+    engine = ScriptedEngine(base, [LOOKUP, SUBMIT])
+    (t,) = _runner(engine, base).run([_request()], dataclasses.replace(SP, stop_token_ids=[7]))
+    assert t.episode["termination"] == "submitted"
+    assert set(engine.params.stop_token_ids) >= {7, base.convert_tokens_to_ids("<|im_end|>"),
+                                                 base.convert_tokens_to_ids(base.eos_token)}

@@ -134,25 +134,25 @@ def main() -> None:
         # while the same child run alone finished in 128 s); results are echoed as they appear, so a run cut short by
         # a time limit keeps what it measured.
         out = []
-        with tempfile.TemporaryFile("w+b") as outf, tempfile.TemporaryFile("w+b") as errf:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=outf, stderr=errf,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            read = 0
-            while True:
-                done = proc.poll() is not None
-                outf.seek(read)
-                for line in outf.read().splitlines(keepends=True):
-                    if not line.endswith(b"\n") and not done:
-                        break  # a line still being written: read it whole next time
-                    read += len(line)
-                    if line.startswith(b"RESULT "):
-                        out.append(json.loads(line[7:]))
-                        print(line.decode().rstrip(), flush=True)
-                if done:
-                    break
-                time.sleep(1.0)
-            errf.seek(0)
-            err = errf.read().decode(errors="replace")
+        with tempfile.TemporaryDirectory() as tmp:
+            out_path, err_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            # the parent reads through its own handle: a seek on the child's would move where the child writes
+            with open(out_path, "wb") as outf, open(err_path, "wb") as errf, open(out_path, "rb") as reader:
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=outf, stderr=errf,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                pending = b""
+                while True:
+                    done = proc.poll() is not None
+                    pending += reader.read()
+                    *lines, pending = pending.split(b"\n")  # the last piece: a line still being written
+                    for line in lines + ([pending] if done else []):
+                        if line.startswith(b"RESULT "):
+                            out.append(json.loads(line[7:]))
+                            print(line.decode().rstrip(), flush=True)
+                    if done:
+                        break
+                    time.sleep(1.0)
+            err = err_path.read_text(errors="replace")
         if proc.returncode != 0 or not out:
             print(f"FAILED {' '.join(extra)} (rc {proc.returncode})\n{err[-5000:]}", flush=True)
         rows += out

@@ -42,7 +42,8 @@ class Generation:
     response_ids: np.ndarray  # int32 [R]
     inference_logprobs: np.ndarray  # float32 [R]: the processed logprob of each sampled token
     finish_reason: str  # "stop" | "length"
-    kept_ids: np.ndarray | None = None  # int32 (uint16 from vLLM when the vocabulary fits), CSR over positions (None: none recorded)
+    # int32 (uint16 from vLLM when the vocabulary fits), CSR over positions (None: no kept sets recorded)
+    kept_ids: np.ndarray | None = None
     kept_offsets: np.ndarray | None = None  # int64 [R + 1]
     routed_experts: np.ndarray | None = None  # [P + R - 1, L, K]
     kept_set_cut: int = 0  # positions whose kept set could not be recorded completely (vLLM, more than K ids)

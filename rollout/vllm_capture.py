@@ -172,7 +172,7 @@ class SamplerCapture:
             per_step = asked / steps
             self.flush_every = int(min(FLUSH_EVERY, max(1, self.buffer.capacity // (2 * max(per_step, 1)))))
         index = [m[1] for m in self._meta]  # V1: numpy per step; V2: GPU tensors, read back in one copy
-        index = torch.cat(index).cpu().numpy().astype(np.int64) if self.v2 else np.concatenate(index)
+        index = torch.cat(index).cpu().numpy() if self.v2 else np.concatenate(index)
         keep = np.concatenate([m[3] for m in self._meta])
         if self.v2:  # a row is real once its new token lies past the request's prefill
             keep &= index >= np.concatenate([m[2] for m in self._meta])

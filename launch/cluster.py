@@ -129,12 +129,13 @@ class RolloutInFlight:
     """One rollout whose shares go to the reward workers straight from the rollout workers: Ray hands each
     finished share on as the argument of its `score` call, so a share is scored as soon as it is generated, also
     while the driver is busy training (`rollout.max_staleness` = 1). Share i goes whole to reward worker
-    i mod rewards.num_actors."""
+    i mod rewards.num_actors, which has already scored the share's groups that finished early (RewardWorker.prescore)."""
 
-    def __init__(self, rollout: "ActorPool", rewards: "ActorPool", requests: list, *args):
-        self.generate = rollout.submit("generate", requests, *args)
+    def __init__(self, rollout: "ActorPool", rewards: "ActorPool", requests: list, step: int, overrides: dict | None):
         self.rewards = rewards
         self.scorers = list(rewards.actors)
+        # The scorers go along too: each rollout worker sends its finished groups to its share's scorer early.
+        self.generate = rollout.submit("generate", requests, step, overrides, self.scorers)
         self.early = [self.scorers[i % len(self.scorers)].score.remote(ref) if ref is not None else None
                       for i, ref in enumerate(self.generate.refs)]
 

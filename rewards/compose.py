@@ -58,7 +58,7 @@ class Part:
     weight: float
     params: dict
     timeout_s: float
-    runner: str  # inline | pool | threads
+    runner: str  # inline | pool | threads | judge
     where: str  # config path, for messages
 
 
@@ -163,6 +163,9 @@ class RewardComposer:
     # ---------------------------------------------------------------------------------------------- scoring
     def ready(self) -> bool:
         return True
+
+    def uses_judge(self, domain: str) -> bool:
+        return any(p.runner == "judge" for p in self.domains.get(domain, ()))
 
     def _view(self, t: Trajectory) -> SampleView:
         response = sanitize(t.response_text)

@@ -4,12 +4,19 @@ Built from the resolved config dict (`cfg["domains"]`, `cfg["rewards"]`, `cfg["r
 It owns one `RewardComposer` (its process pool and sandbox threads live inside the actor's process). `judge` is the
 Ray handle of the one `rollout.judge_worker.JudgeWorker` actor when a domain uses `rubric_judge` (the driver creates it
 once and passes it to every RewardWorker, so the judge model is loaded once).
+
+Scoring while the rollout still generates: a rollout worker hands each group to `prescore` as soon as its G samples
+are finished (rollout/worker.py), and `score`, called with the whole share once it is generated, takes the result
+kept for every sample whose response is the one scored early and scores only the others. So on one rollout worker
+the reward phase is left with the groups that finished last, not the whole batch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+from collections import OrderedDict
 from typing import Any, Mapping
 
 from rl.config import to_plain
@@ -18,6 +25,18 @@ from rl.trajectory import Trajectory
 from .compose import RewardComposer
 
 logger = logging.getLogger(__name__)
+
+# Early results kept at most (a share retried on another worker leaves its early results unclaimed here)
+MAX_EARLY_RESULTS = 65536
+
+
+def response_fingerprint(t: Trajectory) -> bytes:
+    """What a reward reads of a sample besides its dataset row (which its uid fixes): the response and how it ended."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(t.domain.encode())
+    h.update(str(t.finish_reason).encode())
+    h.update(t.response_ids.tobytes())
+    return h.digest()
 
 
 class RewardWorker:
@@ -29,13 +48,43 @@ class RewardWorker:
             cfg["domains"], cfg.get("rewards") or {}, (cfg.get("rollout") or {}).get("max_new_tokens", 0),
             judge=judge,
         )
+        # uid -> (response fingerprint, (reward, reward_parts, reward_error, reward_failed)) from `prescore`
+        self._early: OrderedDict[str, tuple[bytes, tuple]] = OrderedDict()
+        self.early_used = 0  # samples whose early result `score` took, since start (tests, logs)
 
     def ready(self) -> bool:
         """True once the composer (and its process pool) is up; the driver awaits it before the first batch."""
         return self.composer.ready()
 
+    def prescore(self, trajs: list[Trajectory]) -> int:
+        """Score finished groups while the rollout goes on; `score` uses the results. Domains with a judge part wait
+        for `score` (the judge model would compete with the rollout for the GPU). Returns how many were scored."""
+        trajs = [t for t in trajs if not self.composer.uses_judge(t.domain)]
+        for t in self.composer.score(trajs):
+            result = (t.reward, dict(t.reward_parts), t.reward_error, t.reward_failed)
+            self._early[t.uid] = (response_fingerprint(t), result)
+            self._early.move_to_end(t.uid)
+        while len(self._early) > MAX_EARLY_RESULTS:
+            self._early.popitem(last=False)
+        return len(trajs)
+
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
-        return self.composer.score(trajs)
+        rest = []
+        for t in trajs:
+            early = self._early.pop(t.uid, None)
+            if early is not None and early[0] == response_fingerprint(t):
+                t.reward, parts, t.reward_error, t.reward_failed = early[1]
+                t.reward_parts = dict(parts)
+                self.early_used += 1
+            else:
+                rest.append(t)
+        if rest:
+            self.composer.score(rest)  # in place
+        return trajs
+
+    def early_stats(self) -> dict:
+        """Early results taken by `score` since start, and those kept unclaimed now."""
+        return {"used": self.early_used, "kept": len(self._early)}
 
     def close(self) -> None:
         self.composer.close()

@@ -9,6 +9,7 @@ reference the vLLM engine is checked against; real GPU runs use `rollout=vllm`.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Callable
 
 import numpy as np
 import torch
@@ -48,14 +49,24 @@ class HFEngine:
 
     # -- sampling ------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], sp: SamplingParams) -> list[list[Generation]]:
-        """Sample `sp.n` continuations of every prompt; returns them grouped per prompt."""
+    def generate(self, prompts: list[list[int]], sp: SamplingParams,
+                 on_groups_done: Callable[[list[tuple[int, list[Generation]]]], None] | None = None,
+                 ) -> list[list[Generation]]:
+        """Sample `sp.n` continuations of every prompt; returns them grouped per prompt. `on_groups_done`: called
+        with [(prompt index, its n generations)] for the groups complete after each batch of `max_batch_size`
+        samples but the last, before the next batch generates (the rollout worker scores them meanwhile)."""
         expanded = [list(p) for p in prompts for _ in range(sp.n)]
         gen = torch.Generator(device=self.device)
         gen.manual_seed(sp.seed if sp.seed is not None else int(torch.seed() % (2**63)))
         flat: list[Generation] = []
+        reported = 0
         for start in range(0, len(expanded), self.max_batch_size):
             flat.extend(self._generate_batch(expanded[start : start + self.max_batch_size], sp, gen))
+            complete = len(flat) // sp.n
+            last = start + self.max_batch_size >= len(expanded)  # the rest go out with the returned groups
+            if on_groups_done is not None and complete > reported and not last:
+                on_groups_done([(i, flat[i * sp.n : (i + 1) * sp.n]) for i in range(reported, complete)])
+                reported = complete
         return [flat[i * sp.n : (i + 1) * sp.n] for i in range(len(prompts))]
 
     def _left_pad(self, prompts: list[list[int]]):

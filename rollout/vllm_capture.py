@@ -64,7 +64,10 @@ class SamplerCapture:
         self.flush_seconds = 0.0  # time spent in flush() since start (it blocks vLLM's step loop)
         self.record_seconds = 0.0  # CPU time spent recording rows since start (per decode step, flushes excluded)
         self.steps = 0  # sampler calls recorded since start
-        self.profile = False  # also time the GPU reduction with CUDA events (benchmarks/rollout_capture.py)
+        # benchmarks/rollout_capture.py --profile: also time the GPU reduction (CUDA events), the CPU time of the
+        # reduction's launch, and the CPU time of vLLM's own sampler call (what the capture's CPU cost compares with)
+        self.profile = False
+        self.launch_seconds = self.sampler_seconds = 0.0
         self._events: list = []
         self._ones = np.ones(0, dtype=bool)
         self._reset()
@@ -73,9 +76,12 @@ class SamplerCapture:
         record = self._record_v2 if self.v2 else self._record_v1
 
         def sample(*args, **kwargs):
+            t_sample = time.perf_counter()
             sampled, processed = original(*args, **kwargs)
             if self.active:
                 t0, flushed = time.perf_counter(), self.flush_seconds
+                if self.profile:
+                    self.sampler_seconds += t0 - t_sample
                 try:
                     record(sampled, processed, args, kwargs)
                     self.steps += 1
@@ -100,7 +106,7 @@ class SamplerCapture:
         self._reset()
         self.buffer_ids = max(int(buffer_ids), 0)
         self.flush_every = FLUSH_EVERY
-        self.flush_seconds = self.record_seconds = 0.0
+        self.flush_seconds = self.record_seconds = self.launch_seconds = self.sampler_seconds = 0.0
         self.steps = 0
         self.profile, self._events = bool(profile), []
         self.error = None
@@ -147,8 +153,10 @@ class SamplerCapture:
         if self.profile and processed.is_cuda:
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
+            t_launch = time.perf_counter()
         lp, total, start = reduce_rows(processed, sampled, logits, self.buffer if self.buffer_ids else None)
         if self.profile and processed.is_cuda:
+            self.launch_seconds += time.perf_counter() - t_launch
             end.record()
             self._events.append((begin, end))
         self._gpu.append((sampled.reshape(-1), lp, total, start))
@@ -195,6 +203,7 @@ class SamplerCapture:
         if self._events:
             torch.cuda.synchronize()
             timing["reduce_gpu_seconds"] = sum(b.elapsed_time(e) for b, e in self._events) / 1e3
+            timing.update(launch_seconds=self.launch_seconds, sampler_seconds=self.sampler_seconds)
             self._events = []
         return {**merge_chunks(chunks, with_ids=self.buffer_ids > 0), **timing}
 

@@ -27,7 +27,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -254,9 +256,13 @@ class VLLMEngine:
                 raise ValueError("cannot generate from an empty prompt")
         return [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
 
-    def generate(self, prompts: list[list[int]], sp: SamplingParams, capture: bool = True) -> list[list[Generation]]:
+    def generate(self, prompts: list[list[int]], sp: SamplingParams, capture: bool = True,
+                 on_groups_done: Callable[[list[tuple[int, list[Generation]]]], None] | None = None,
+                 ) -> list[list[Generation]]:
         """Sample `sp.n` continuations of every prompt; grouped per prompt. capture=False (benchmarks only)
-        skips logprobs, kept sets and the route conversion."""
+        skips logprobs, kept sets and the route conversion. `on_groups_done`: called during generation with
+        [(prompt index, its n generations: tokens and finish reason only)] for the prompts whose samples have all
+        finished (`_report_finished_groups`)."""
         if self._asleep:
             raise RuntimeError(f"vLLM engine is asleep ({sorted(self._asleep)}); sync weights / wake it first")
         want_mask = capture and sp.records_kept_sets
@@ -269,7 +275,8 @@ class VLLMEngine:
             self.llm.collective_rpc(start_rpc, args=(self.kept_buffer_ids if want_mask else 0, self.capture_profile))
             t_gen = time.perf_counter()
             try:
-                outputs = self.llm.generate(inputs, params, use_tqdm=False)
+                with self._report_finished_groups(prompts, int(vsp.n), on_groups_done):
+                    outputs = self.llm.generate(inputs, params, use_tqdm=False)
             finally:  # always stop recording (the driver rank's result is the one that is not None)
                 self.last_generate_seconds = time.perf_counter() - t_gen
                 t_collect = time.perf_counter()
@@ -277,14 +284,15 @@ class VLLMEngine:
                             {"error": "no vLLM worker returned the recorded rows"})
                 self.last_collect_seconds = time.perf_counter() - t_collect
                 self.last_flush_seconds = float(rows.get("flush_seconds", 0.0))
-                self.last_capture_timing = {k: rows[k] for k in ("record_seconds", "steps", "reduce_gpu_seconds")
-                                            if k in rows}
+                timed = ("record_seconds", "steps", "reduce_gpu_seconds", "launch_seconds", "sampler_seconds")
+                self.last_capture_timing = {k: rows[k] for k in timed if k in rows}
             if "error" in rows:
                 raise RuntimeError(f"rollout.capture=sampler failed inside vLLM ({rows['error']}); set "
                                    "rollout.capture=logprobs to take vLLM's logprobs output instead")
         else:
             t_gen = time.perf_counter()
-            outputs = self.llm.generate(inputs, params, use_tqdm=False)
+            with self._report_finished_groups(prompts, int(vsp.n), on_groups_done):
+                outputs = self.llm.generate(inputs, params, use_tqdm=False)
             self.last_generate_seconds = time.perf_counter() - t_gen
         t0 = time.perf_counter()
         comps = [sorted(req.outputs, key=lambda c: c.index) for req in outputs]
@@ -334,6 +342,58 @@ class VLLMEngine:
             log.warning("Keep Sampling Mask: the kept sets of %d of %d sampled positions could not be recorded whole; "
                         "they are left out of the loss (rollout/kept_set_cut_frac): %s", cut, tokens, fix)
         return groups
+
+    @contextmanager
+    def _report_finished_groups(self, prompts: list[list[int]], n: int, on_groups_done):
+        """While `LLM.generate` runs, hand each prompt's group to `on_groups_done` as soon as vLLM returns it finished
+        (LLM.generate asks for final outputs only, so a request's output appears once, when all its n samples have
+        ended): by watching what `LLMEngine.step`, which LLM.generate's loop calls, returns. Outputs are matched to
+        prompts by their token ids; a prompt that occurs twice in the batch is not reported early (its outputs could
+        not be told apart), nor are those of the last step (they are returned at once). An error in the callback stops
+        the reports, never the generation."""
+        engine = getattr(self.llm, "llm_engine", None)
+        if on_groups_done is None or not callable(getattr(engine, "step", None)):
+            yield
+            return
+        index: dict[tuple, int] = {}
+        for i, p in enumerate(prompts):
+            index[tuple(p)] = -1 if tuple(p) in index else i
+        reported: set[int] = set()
+        step, own = engine.step, "step" in vars(engine)
+        more = getattr(engine, "has_unfinished_requests", lambda: True)
+        state = {"on": True}
+
+        def watched_step(*args, **kwargs):
+            outputs = step(*args, **kwargs)
+            # the last step's groups go out with generate's result at once: reporting them too would score them twice
+            if state["on"] and more():
+                try:
+                    done = []
+                    for out in outputs or ():
+                        i = index.get(tuple(out.prompt_token_ids or ()), -1)
+                        if not getattr(out, "finished", False) or i < 0 or i in reported or len(out.outputs) != n:
+                            continue
+                        reported.add(i)
+                        done.append((i, [Generation(response_ids=np.asarray(c.token_ids, dtype=np.int32),
+                                                    inference_logprobs=np.zeros(len(c.token_ids), np.float32),
+                                                    finish_reason="length" if c.finish_reason == "length" else "stop")
+                                         for c in sorted(out.outputs, key=lambda c: c.index)]))
+                    if done:
+                        on_groups_done(done)
+                except Exception as e:  # noqa: BLE001 - early scoring is an optimisation; generation goes on
+                    state["on"] = False
+                    log.warning("reporting finished groups during generation failed (%s: %s); the rest are scored "
+                                "after generation", type(e).__name__, e)
+            return outputs
+
+        engine.step = watched_step
+        try:
+            yield
+        finally:
+            if own:
+                engine.step = step
+            else:
+                del engine.step
 
     # -- scoring -------------------------------------------------------------------------------------------
     def _prompt_logprobs(self, sequences: list[list[int]]) -> list[np.ndarray]:

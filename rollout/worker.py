@@ -80,11 +80,15 @@ class RolloutWorker:
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.engine.wake_up(tags)
 
-    def generate(self, requests: list[dict], step: int, overrides: dict | None = None) -> list[Trajectory]:
+    def generate(self, requests: list[dict], step: int, overrides: dict | None = None,
+                 scorers: list | None = None) -> list[Trajectory]:
         """requests: {group_id, domain, prompt_ids, prompt_text, sample}; returns n trajectories per request, in
         request order. A domain with an `agent` block runs multi-turn episodes (rollout/agent.py).
         `overrides`: rollout keys (n_samples, temperature, top_p, top_k) for this call only: held-out evaluation,
-        whose samples are never trained on (so no kept sets are recorded for them)."""
+        whose samples are never trained on (so no kept sets are recorded for them).
+        `scorers`: the RewardWorker handles; this worker's share is scored by scorers[rank mod len] (the driver's
+        `RolloutInFlight` sends it there), which gets each single-turn group as soon as its samples have all
+        finished (`RewardWorker.prescore`), so scoring runs while the rest generates."""
         if not requests:
             return []
         seed = (int(self.cfg["seed"]) * 1_000_003 + step * 1009 + self.rank) % (2**63)
@@ -96,39 +100,60 @@ class RolloutWorker:
         out: list[list[Trajectory]] = [[] for _ in requests]
         for domain, idx in by_domain.items():
             part = [requests[i] for i in idx]
-            trajs = self._agents[domain].run(part, sp) if domain else self._single_turn(part, sp)
+            scorer = scorers[self.rank % len(scorers)] if scorers else None
+            trajs = self._agents[domain].run(part, sp) if domain else self._single_turn(part, sp, scorer)
             n = sp.n
             for k, i in enumerate(idx):
                 out[i] = trajs[k * n : (k + 1) * n]
         return [t for group in out for t in group]
 
-    def _single_turn(self, requests: list[dict], sp) -> list[Trajectory]:
+    def _single_turn(self, requests: list[dict], sp, scorer=None) -> list[Trajectory]:
+        texts: dict[tuple[int, int], str] = {}  # decoded for early scoring, reused below
+        early = {"groups": 0, "calls": 0}
+
+        def score_early(done: list) -> None:
+            light = []
+            for i, gens in done:
+                for j, g in enumerate(gens):
+                    texts[i, j] = decode_response(self.tokenizer, g.response_ids)
+                    light.append(self._trajectory(requests[i], j, g, texts[i, j]))
+            scorer.prescore.remote(light)  # not awaited: `score` takes what it finished, scores the rest itself
+            early["groups"] += len(done)
+            early["calls"] += 1
+
         t0 = time.perf_counter()
-        groups = self.engine.generate([r["prompt_ids"] for r in requests], sp)
+        kwargs = {"on_groups_done": score_early} if scorer is not None else {}
+        groups = self.engine.generate([r["prompt_ids"] for r in requests], sp, **kwargs)
         seconds = time.perf_counter() - t0
         tokens = sum(len(g.response_ids) for gens in groups for g in gens)
         log.info("rollout worker %d: %d samples, %d new tokens in %.2f s (%.0f tokens/s, capture and conversion "
-                 "included)", self.rank, sum(map(len, groups)), tokens, seconds, tokens / max(seconds, 1e-9))
+                 "included); %d of %d groups sent to scoring before the end (%d calls)", self.rank,
+                 sum(map(len, groups)), tokens, seconds, tokens / max(seconds, 1e-9), early["groups"], len(groups),
+                 early["calls"])
         out = []
-        for req, gens in zip(requests, groups):
+        for i, (req, gens) in enumerate(zip(requests, groups)):
             for j, g in enumerate(gens):
-                out.append(
-                    Trajectory(
-                        uid=f"{req['group_id']}-{j}",
-                        group_id=req["group_id"],
-                        domain=req["domain"],
-                        prompt_ids=req["prompt_ids"],
-                        response_ids=g.response_ids,
-                        inference_logprobs=g.inference_logprobs,
-                        finish_reason=g.finish_reason,
-                        kept_ids=g.kept_ids,
-                        kept_offsets=g.kept_offsets,
-                        kept_set_cut=int(g.kept_set_cut),
-                        loss_mask=g.loss_mask,
-                        routed_experts=g.routed_experts,
-                        prompt_text=req["prompt_text"],
-                        response_text=decode_response(self.tokenizer, g.response_ids),
-                        sample=req["sample"],
-                    )
-                )
+                text = texts.get((i, j))
+                out.append(self._trajectory(req, j, g, decode_response(self.tokenizer, g.response_ids) if text is None
+                                            else text))
         return out
+
+    @staticmethod
+    def _trajectory(req: dict, j: int, g, response_text: str) -> Trajectory:
+        return Trajectory(
+            uid=f"{req['group_id']}-{j}",
+            group_id=req["group_id"],
+            domain=req["domain"],
+            prompt_ids=req["prompt_ids"],
+            response_ids=g.response_ids,
+            inference_logprobs=g.inference_logprobs,
+            finish_reason=g.finish_reason,
+            kept_ids=g.kept_ids,
+            kept_offsets=g.kept_offsets,
+            kept_set_cut=int(g.kept_set_cut),
+            loss_mask=g.loss_mask,
+            routed_experts=g.routed_experts,
+            prompt_text=req["prompt_text"],
+            response_text=response_text,
+            sample=req["sample"],
+        )

@@ -2,6 +2,7 @@
 retried; the step loses nothing. Colocated placement puts each rollout worker on its trainer rank's GPU (Ray's
 GPU bookkeeping, with GPUs declared on this CPU machine)."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,36 @@ def test_shares_are_scored_as_soon_as_they_are_generated(ray_local, tiny_dense_p
     scored = inflight.scoring().collect()
     assert inflight.generate.retried == {1}
     assert len(scored) == n and all(t.reward_parts for t in scored)
+
+
+def test_groups_are_scored_while_the_rest_of_the_share_generates(ray_local, tiny_dense_path):
+    """One rollout worker generating in several batches hands each finished group to its reward worker at once
+    (RewardWorker.prescore); the share's `score` then takes those results instead of scoring them again, and the
+    rewards are the ones a plain scoring of the share gives."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=["+experiment=smoke_learn"]), resolve=True)
+    resolve_auto(cfg, is_moe=False)
+    cfg["rollout"]["max_batch_size"] = 2 * cfg["rollout"]["n_samples"]  # 4 prompts: two batches of two groups
+    rollout_cls, reward_cls = ray.remote(num_cpus=0.25)(RolloutWorker), ray.remote(num_cpus=0.25)(RewardWorker)
+    rollout = ActorPool("rollout", lambda i: rollout_cls.remote(cfg, tiny_dense_path, i), 1)
+    rewards = ActorPool("reward", lambda i: reward_cls.remote(cfg), 1)
+    rollout.wait_ready()
+    rewards.wait_ready()
+    reqs = PromptMixture(cfg["domains"], load_tokenizer(tiny_dense_path), seed=1, max_prompt_tokens=512).next_batch(4)
+    for i, r in enumerate(reqs):
+        r["group_id"] = f"g{i}"
+    scored = RolloutInFlight(rollout, rewards, reqs, 1, None).scoring().collect()
+    stats = ray.get(rewards.actors[0].early_stats.remote())
+    n = cfg["rollout"]["n_samples"]
+    # the first batch's two groups were scored early (the HF engine reports groups after each batch; the last
+    # batch's groups arrive with the share); the score call found them all and left nothing behind
+    assert stats == {"used": 2 * n, "kept": 0}
+    plain = RewardWorker(cfg)
+    fresh = [dataclasses.replace(t, reward=0.0, reward_parts={}) for t in scored]
+    expect = plain.score(fresh)
+    plain.close()
+    assert [(t.uid, t.reward, t.reward_parts, t.reward_error) for t in scored] == \
+        [(t.uid, t.reward, t.reward_parts, t.reward_error) for t in expect]
 
 
 @ray.remote

@@ -1,5 +1,6 @@
 """The real SmolLM2-135M-Instruct on vLLM (`-m gpu`): Keep Sampling Mask records every kept set whole at
-top_p=0.95 (sets of thousands of ids), and the trainer's logprob over those sets matches vLLM's."""
+top_p=0.95 (sets of thousands of ids), and the trainer's logprob over those sets matches vLLM's; groups whose
+samples have all ended are reported while the rest generate (real EOS: lengths differ)."""
 
 import os
 
@@ -34,8 +35,15 @@ def test_whole_kept_sets_on_vllm_and_the_trainer_agrees(smollm2_path):
     prompts = [tok(tok.apply_chat_template([{"role": "user", "content": r["question"]}], tokenize=False,
                                            add_generation_prompt=True), add_special_tokens=False)["input_ids"]
                for r in rows]
-    groups = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, top_p=0.95, max_new_tokens=128, seed=None))
+    early: list = []  # groups handed on while generation goes on (the rollout worker scores them then)
+    groups = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, top_p=0.95, max_new_tokens=128, seed=None),
+                             on_groups_done=early.extend)
     gens = [g for grp in groups for g in grp]
+    print(f"\n{len(early)} of {len(groups)} groups reported before generate returned")
+    assert 0 < len(early) < len(groups) and len({i for i, _ in early}) == len(early)
+    for i, reported in early:  # exactly the samples generate returns, in sample order
+        assert [(g.response_ids.tolist(), g.finish_reason) for g in reported] == \
+            [(g.response_ids.tolist(), g.finish_reason) for g in groups[i]]
     sizes = np.concatenate([np.diff(g.kept_offsets) for g in gens])
     cut = sum(g.kept_set_cut for g in gens)
     print(f"\nvLLM kept sets at top_p=0.95: {len(sizes)} positions, median {np.median(sizes):.0f}, p90 "

@@ -136,3 +136,48 @@ def test_reward_worker_accepts_omegaconf():
     w = RewardWorker(cfg)
     assert w.score([traj("x", n=16)])[0].reward == -1.0
     w.close()
+
+
+CALLS: list[str] = []
+
+
+def _counting(view, params):
+    CALLS.append(view.response)
+    return 1.0 if "42" in view.response else 0.0
+
+
+def test_prescored_samples_are_not_scored_again_unless_their_response_changed(monkeypatch):
+    """RewardWorker.prescore (groups finished while the rollout still generates) -> score takes those results and
+    runs the reward only for the rest, and for a sample whose response is not the one scored early."""
+    monkeypatch.setitem(registry.REWARDS, "counting", RewardSpec(_counting))
+    CALLS.clear()
+    w = RewardWorker({"domains": {"logic": {"rewards": [{"name": "counting", "weight": 2.0}]}}, "rewards": {},
+                      "rollout": {"max_new_tokens": 64}})
+    assert w.prescore([traj("Answer: 42", uid="a"), traj("Answer: 7", uid="b")]) == 2
+    assert len(CALLS) == 2
+    share = [traj("Answer: 42", uid="a"), traj("Answer: 42", uid="b", n=11), traj("Answer: 42", uid="c")]
+    out = w.score(share)
+    assert [t.reward for t in out] == [2.0, 2.0, 2.0] and out[0].reward_parts == {"counting": 1.0}
+    assert len(CALLS) == 4  # "a" came from prescore; "b" (another response than the one prescored) and "c" ran now
+    assert w.early_stats() == {"used": 1, "kept": 0}  # "b"'s stale early result is dropped, not kept
+    CALLS.clear()
+    assert w.score([traj("Answer: 42", uid="a")])[0].reward == 2.0 and len(CALLS) == 1  # an early result serves once
+    w.close()
+
+
+def test_prescore_leaves_judge_domains_to_score():
+    class CountingJudge:  # anything with score(requests) is a judge to the composer
+        def __init__(self):
+            self.calls = 0
+
+        def score(self, requests):
+            self.calls += 1
+            return [{"score": 1.0} for _ in requests]
+
+    judge = CountingJudge()
+    w = RewardWorker({"domains": {"general": {"rewards": [{"name": "rubric_judge", "weight": 1.0}]}}, "rewards": {},
+                      "rollout": {"max_new_tokens": 64}}, judge=judge)
+    sample = {"rubric": "Says hello."}
+    assert w.prescore([traj("hello", domain="general", sample=sample, uid="a")]) == 0
+    assert judge.calls == 0 and w.early_stats()["kept"] == 0
+    w.close()

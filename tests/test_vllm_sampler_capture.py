@@ -362,3 +362,63 @@ def test_gather_kept_ids_either_way(monkeypatch, slices_above):
     assert wide.dtype == np.int32 and wide.tolist() == ids.tolist()
     with pytest.raises((RuntimeError, IndexError)):
         vc.gather_kept_ids(flat, np.array([4]), np.array([3]), np.array([0, 3]))
+
+
+# -- groups reported as they finish (VLLMEngine._report_finished_groups) --------------------------------------
+class StandInLLM:
+    """What the report needs of vLLM's `LLM`: `generate` runs the loop LLM._run_engine runs (step until nothing is
+    unfinished, keep the finished outputs), over `llm_engine.step`, whose outputs here finish on a schedule."""
+
+    def __init__(self, schedule):
+        self.schedule = schedule  # per step: [(prompt ids, [(token ids, finish reason)] of its n samples)]
+        self.llm_engine = SimpleNamespace(step=self._step, has_unfinished_requests=lambda: bool(self._left))
+        self._left: list = []
+
+    def _step(self):
+        done = self._left.pop(0)
+        return [SimpleNamespace(prompt_token_ids=list(p), finished=True,
+                                outputs=[SimpleNamespace(index=j, token_ids=ids, finish_reason=f)
+                                         for j, (ids, f) in reversed(list(enumerate(comps)))])  # any order
+                for p, comps in done]
+
+    def generate(self):
+        self._left = list(self.schedule)
+        out = []
+        while self.llm_engine.has_unfinished_requests():
+            out.extend(self.llm_engine.step())
+        return out
+
+
+def _report(llm, prompts, n, callback):
+    from rollout.vllm_engine import VLLMEngine
+
+    engine = SimpleNamespace(llm=llm)
+    with VLLMEngine._report_finished_groups(engine, prompts, n, callback):
+        return llm.generate()
+
+
+def test_finished_groups_are_reported_during_generation_once_and_whole():
+    a, b, c, d = [1, 2], [3], [4, 5, 6], [1, 2]  # d repeats a: neither can be told apart by its prompt
+    comps = lambda k: [([k, 10 + j], "stop" if j else "length") for j in range(2)]  # noqa: E731
+    schedule = [[(b, comps(1))], [(a, comps(2)), (c, comps(3))], [(d, comps(4))]]
+    llm, seen = StandInLLM(schedule), []
+    outputs = _report(llm, [a, b, c, d], 2, lambda done: seen.append(done))
+    assert len(outputs) == 4 and llm.llm_engine.step == llm._step  # restored
+    # step 1: b (prompt 1); step 2: c (prompt 2; a is ambiguous); step 3 is the last: returned at once, not reported
+    assert [[i for i, _ in done] for done in seen] == [[1], [2]]
+    i, gens = seen[1][0]
+    assert [g.response_ids.tolist() for g in gens] == [[3, 10], [3, 11]]  # in sample order
+    assert [g.finish_reason for g in gens] == ["length", "stop"] and gens[0].response_ids.dtype == np.int32
+
+
+def test_an_error_in_the_report_stops_the_reports_not_the_generation():
+    schedule = [[([k], [([k], "stop")])] for k in range(4)]
+    calls = []
+
+    def boom(done):
+        calls.append(done)
+        raise ValueError("scorer gone")
+
+    llm = StandInLLM(schedule)
+    assert len(_report(llm, [[k] for k in range(4)], 1, boom)) == 4
+    assert len(calls) == 1 and llm.llm_engine.step == llm._step  # reported once, then off; step restored

@@ -61,19 +61,19 @@ def run_dir_name(name: str, seed: int | None) -> str:
     return name if seed is None else f"{name}-s{seed}"
 
 
-def run_ours(name: str, out: Path, steps: int, extra: list[str], env: dict, seed: int | None = None) -> None:
+def run_ours(name: str, out: Path, steps: int, extra: list[str], env: dict, seed: int | None = None) -> int:
     dirname = run_dir_name(name, seed)
     cmd = ours_command(out / dirname, steps, [*RUNS[name], *extra, *([f"seed={seed}"] if seed is not None else [])])
     with open(out / f"{dirname}.log", "w") as log:
-        subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+        return subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
 
 
-def run_trl(name: str, out: Path, steps: int, extra: list[str], env: dict, seed: int | None = None) -> None:
+def run_trl(name: str, out: Path, steps: int, extra: list[str], env: dict, seed: int | None = None) -> int:
     dirname = run_dir_name(name, seed)
     cmd = [sys.executable, __file__, "--trl-child", "--out", str(out), "--steps", str(steps), "--run", dirname,
            "--seed", str(1 if seed is None else seed)]
     with open(out / f"{dirname}.log", "w") as log:
-        subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+        return subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
 
 
 def trl_child(args) -> None:
@@ -164,8 +164,13 @@ def launch(args) -> None:
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "PYTHONUNBUFFERED": "1",
                    "RAY_TMPDIR": tempfile.mkdtemp(prefix=f"ray-{name}-")}  # one local Ray cluster per run
             t0 = time.perf_counter()
-            (run_trl if name.startswith("trl") else run_ours)(name, out, args.steps, args.extra, env, seed)
-            print(f"{run_dir_name(name, seed)} on GPU {gpu}: {time.perf_counter() - t0:.0f} s", flush=True)
+            rc = (run_trl if name.startswith("trl") else run_ours)(name, out, args.steps, args.extra, env, seed)
+            dirname = run_dir_name(name, seed)
+            print(f"{dirname} on GPU {gpu}: {time.perf_counter() - t0:.0f} s", flush=True)
+            if rc != 0:  # its steps so far still count in the report; say why it stopped, here, where it is seen
+                tail = (out / f"{dirname}.log").read_text(errors="replace").splitlines()[-40:]
+                print(f"{dirname} FAILED (exit code {rc}); the last lines of {out / dirname}.log:\n" + "\n".join(tail),
+                      flush=True)
 
     threads = [threading.Thread(target=worker, args=item) for item in queues.items()]
     for k, th in enumerate(threads):

@@ -86,7 +86,8 @@ def child(args) -> None:
             kept = sum(int(g.kept_offsets[-1]) for g in gens if g.kept_offsets is not None)
             row["kept_ids_per_token"] = round(kept / max(tokens, 1), 2)
             row["kept_set_cut_frac"] = round(sum(g.kept_set_cut for g in gens) / max(tokens, 1), 4)
-            sizes = np.concatenate([np.diff(g.kept_offsets) for g in gens if g.kept_offsets is not None])
+            sizes = [np.diff(g.kept_offsets) for g in gens if g.kept_offsets is not None]  # none without truncation
+            sizes = np.concatenate(sizes) if sizes else np.zeros(0)
             if len(sizes):
                 row["kept_set_size"] = {"median": float(np.median(sizes)), "p90": float(np.percentile(sizes, 90)),
                                         "p99": float(np.percentile(sizes, 99)), "max": int(sizes.max()),

@@ -141,14 +141,17 @@ class RolloutInFlight:
 
     def scoring(self) -> Scoring:
         """Wait for the generation (a worker that died or hung is replaced and its share retried); the scoring
-        under way. A retried share was not scored early (its first call failed): it is scored now."""
+        under way. A retried share's early `score` call failed with it: it is scored now, by the same reward worker,
+        which holds the groups its rollout worker sent it during generation (`RewardWorker.prescore`)."""
         by_share, n = {}, len(self.scorers)
         for i, share in self.generate.as_completed():
+            shares = [[] for _ in range(n)]
+            shares[i % n] = share  # the share, should its reward worker need a retry
             if i in self.generate.retried:
-                by_share[i] = self.rewards.submit("score", share)
+                by_share[i] = PendingMap(self.rewards, "score", shares, ())
                 continue
-            shares, refs = [[] for _ in range(n)], [None] * n
-            shares[i % n], refs[i % n] = share, self.early[i]  # the share, should its reward worker need a retry
+            refs = [None] * n
+            refs[i % n] = self.early[i]
             by_share[i] = PendingMap(self.rewards, "score", shares, (), started=(self.scorers, refs))
         return Scoring(by_share)
 

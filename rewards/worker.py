@@ -31,7 +31,8 @@ MAX_EARLY_RESULTS = 65536
 
 
 def response_fingerprint(t: Trajectory) -> bytes:
-    """What a reward reads of a sample besides its dataset row (which its uid fixes): the response and how it ended."""
+    """What a reward reads of a sample besides its prompt and dataset row: the response and how it ended. The prompt
+    and row are fixed by the uid, which the loop makes unique per run (`s<step>-p<i>-<j>`; eval: `...-step<step>`)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(t.domain.encode())
     h.update(str(t.finish_reason).encode())
@@ -50,7 +51,7 @@ class RewardWorker:
         )
         # uid -> (response fingerprint, (reward, reward_parts, reward_error, reward_failed)) from `prescore`
         self._early: OrderedDict[str, tuple[bytes, tuple]] = OrderedDict()
-        self.early_used = 0  # samples whose early result `score` took, since start (tests, logs)
+        self.early_used = self.scored = 0  # samples `score` took an early result for / was given, since start
 
     def ready(self) -> bool:
         """True once the composer (and its process pool) is up; the driver awaits it before the first batch."""
@@ -69,6 +70,7 @@ class RewardWorker:
         return len(trajs)
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
+        self.scored += len(trajs)
         rest = []
         for t in trajs:
             early = self._early.pop(t.uid, None)
@@ -80,11 +82,14 @@ class RewardWorker:
                 rest.append(t)
         if rest:
             self.composer.score(rest)  # in place
+        if len(rest) < len(trajs):
+            logger.info("reward worker: %d of %d samples were scored during generation", len(trajs) - len(rest),
+                        len(trajs))
         return trajs
 
     def early_stats(self) -> dict:
-        """Early results taken by `score` since start, and those kept unclaimed now."""
-        return {"used": self.early_used, "kept": len(self._early)}
+        """Samples given to `score` and early results it took since start; early results kept unclaimed now."""
+        return {"scored": self.scored, "used": self.early_used, "kept": len(self._early)}
 
     def close(self) -> None:
         self.composer.close()

@@ -8,6 +8,7 @@ reference the vLLM engine is checked against; real GPU runs use `rollout=vllm`.
 
 from __future__ import annotations
 
+import logging
 from contextlib import nullcontext
 from typing import Callable
 
@@ -16,6 +17,8 @@ import torch
 
 from rl.models import load_causal_lm, load_tokenizer
 from rollout.sampling import Generation, SamplingParams, eos_token_ids, process_logits
+
+log = logging.getLogger(__name__)
 
 
 class HFEngine:
@@ -65,7 +68,12 @@ class HFEngine:
             complete = len(flat) // sp.n
             last = start + self.max_batch_size >= len(expanded)  # the rest go out with the returned groups
             if on_groups_done is not None and complete > reported and not last:
-                on_groups_done([(i, flat[i * sp.n : (i + 1) * sp.n]) for i in range(reported, complete)])
+                try:
+                    on_groups_done([(i, flat[i * sp.n : (i + 1) * sp.n]) for i in range(reported, complete)])
+                except Exception as e:  # noqa: BLE001 - early scoring is an optimisation; generation goes on
+                    log.warning("reporting finished groups failed (%s: %s); the rest are scored after generation",
+                                type(e).__name__, e)
+                    on_groups_done = None
                 reported = complete
         return [flat[i * sp.n : (i + 1) * sp.n] for i in range(len(prompts))]
 

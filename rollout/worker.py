@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import torch
 
 from rl.trajectory import Trajectory
 from rollout.engines import make_engine, resolve_engine, sampling_params
-from rollout.sampling import decode_response
+from rollout.sampling import Generation, decode_response
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,9 @@ class RolloutWorker:
             for i, gens in done:
                 for j, g in enumerate(gens):
                     texts[i, j] = decode_response(self.tokenizer, g.response_ids)
-                    light.append(self._trajectory(requests[i], j, g, texts[i, j]))
+                    # what rewards read: tokens, text, finish reason (no logprobs, kept sets or routes to ship)
+                    bare = Generation(g.response_ids, np.zeros(len(g.response_ids), np.float32), g.finish_reason)
+                    light.append(self._trajectory(requests[i], j, bare, texts[i, j]))
             scorer.prescore.remote(light)  # not awaited: `score` takes what it finished, scores the rest itself
             early["groups"] += len(done)
             early["calls"] += 1

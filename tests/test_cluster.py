@@ -117,6 +117,28 @@ def test_shares_are_scored_as_soon_as_they_are_generated(ray_local, tiny_dense_p
     assert len(scored) == n and all(t.reward_parts for t in scored)
 
 
+def test_a_retried_share_is_scored_by_its_own_reward_worker(ray_local, tiny_dense_path):
+    """Share i goes to reward worker i mod n also when its rollout worker died and the share was retried: that
+    worker holds the groups sent to it during generation (RewardWorker.prescore)."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=["+experiment=smoke_learn"]), resolve=True)
+    resolve_auto(cfg, is_moe=False)
+    rollout_cls, reward_cls = ray.remote(num_cpus=0.25)(RolloutWorker), ray.remote(num_cpus=0.25)(RewardWorker)
+    rollout = ActorPool("rollout", lambda i: rollout_cls.remote(cfg, tiny_dense_path, i), 2)
+    rewards = ActorPool("reward", lambda i: reward_cls.remote(cfg), 2)
+    rollout.wait_ready()
+    rewards.wait_ready()
+    reqs = PromptMixture(cfg["domains"], load_tokenizer(tiny_dense_path), seed=1, max_prompt_tokens=512).next_batch(4)
+    for i, r in enumerate(reqs):
+        r["group_id"] = f"g{i}"
+    ray.kill(rollout.actors[1])
+    inflight = RolloutInFlight(rollout, rewards, reqs, 1, None)
+    scored = inflight.scoring().collect()
+    assert inflight.generate.retried == {1} and len(scored) == 4 * cfg["rollout"]["n_samples"]
+    share = 2 * cfg["rollout"]["n_samples"]
+    assert [ray.get(a.early_stats.remote())["scored"] for a in rewards.actors] == [share, share]
+
+
 def test_groups_are_scored_while_the_rest_of_the_share_generates(ray_local, tiny_dense_path):
     """One rollout worker generating in several batches hands each finished group to its reward worker at once
     (RewardWorker.prescore); the share's `score` then takes those results instead of scoring them again, and the
@@ -138,7 +160,7 @@ def test_groups_are_scored_while_the_rest_of_the_share_generates(ray_local, tiny
     n = cfg["rollout"]["n_samples"]
     # the first batch's two groups were scored early (the HF engine reports groups after each batch; the last
     # batch's groups arrive with the share); the score call found them all and left nothing behind
-    assert stats == {"used": 2 * n, "kept": 0}
+    assert stats == {"scored": 4 * n, "used": 2 * n, "kept": 0}
     plain = RewardWorker(cfg)
     fresh = [dataclasses.replace(t, reward=0.0, reward_parts={}) for t in scored]
     expect = plain.score(fresh)

@@ -159,7 +159,7 @@ def test_prescored_samples_are_not_scored_again_unless_their_response_changed(mo
     out = w.score(share)
     assert [t.reward for t in out] == [2.0, 2.0, 2.0] and out[0].reward_parts == {"counting": 1.0}
     assert len(CALLS) == 4  # "a" came from prescore; "b" (another response than the one prescored) and "c" ran now
-    assert w.early_stats() == {"used": 1, "kept": 0}  # "b"'s stale early result is dropped, not kept
+    assert w.early_stats() == {"scored": 3, "used": 1, "kept": 0}  # "b"'s stale early result is dropped
     CALLS.clear()
     assert w.score([traj("Answer: 42", uid="a")])[0].reward == 2.0 and len(CALLS) == 1  # an early result serves once
     w.close()

@@ -369,9 +369,19 @@ class StandInLLM:
     """What the report needs of vLLM's `LLM`: `generate` runs the loop LLM._run_engine runs (step until nothing is
     unfinished, keep the finished outputs), over `llm_engine.step`, whose outputs here finish on a schedule."""
 
+    class Engine:  # `step` a method of the class, as on vLLM's LLMEngine: the report must leave it that way
+        def __init__(self, llm):
+            self.llm = llm
+
+        def has_unfinished_requests(self):
+            return bool(self.llm._left)
+
+        def step(self):
+            return self.llm._step()
+
     def __init__(self, schedule):
         self.schedule = schedule  # per step: [(prompt ids, [(token ids, finish reason)] of its n samples)]
-        self.llm_engine = SimpleNamespace(step=self._step, has_unfinished_requests=lambda: bool(self._left))
+        self.llm_engine = StandInLLM.Engine(self)
         self._left: list = []
 
     def _step(self):
@@ -403,7 +413,7 @@ def test_finished_groups_are_reported_during_generation_once_and_whole():
     schedule = [[(b, comps(1))], [(a, comps(2)), (c, comps(3))], [(d, comps(4))]]
     llm, seen = StandInLLM(schedule), []
     outputs = _report(llm, [a, b, c, d], 2, lambda done: seen.append(done))
-    assert len(outputs) == 4 and llm.llm_engine.step == llm._step  # restored
+    assert len(outputs) == 4 and "step" not in vars(llm.llm_engine)  # the class's method again
     # step 1: b (prompt 1); step 2: c (prompt 2; a is ambiguous); step 3 is the last: returned at once, not reported
     assert [[i for i, _ in done] for done in seen] == [[1], [2]]
     i, gens = seen[1][0]
@@ -421,4 +431,4 @@ def test_an_error_in_the_report_stops_the_reports_not_the_generation():
 
     llm = StandInLLM(schedule)
     assert len(_report(llm, [[k] for k in range(4)], 1, boom)) == 4
-    assert len(calls) == 1 and llm.llm_engine.step == llm._step  # reported once, then off; step restored
+    assert len(calls) == 1 and "step" not in vars(llm.llm_engine)  # reported once, then off; step restored

@@ -9,8 +9,8 @@ reference the vLLM engine is checked against; real GPU runs use `rollout=vllm`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Callable
 
 import numpy as np
 import torch

@@ -27,9 +27,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -354,46 +354,8 @@ class VLLMEngine:
         engine = getattr(self.llm, "llm_engine", None)
         if on_groups_done is None or not callable(getattr(engine, "step", None)):
             yield
-            return
-        index: dict[tuple, int] = {}
-        for i, p in enumerate(prompts):
-            index[tuple(p)] = -1 if tuple(p) in index else i
-        reported: set[int] = set()
-        step, own = engine.step, "step" in vars(engine)
-        more = getattr(engine, "has_unfinished_requests", lambda: True)
-        state = {"on": True}
-
-        def watched_step(*args, **kwargs):
-            outputs = step(*args, **kwargs)
-            # the last step's groups go out with generate's result at once: reporting them too would score them twice
-            if state["on"] and more():
-                try:
-                    done = []
-                    for out in outputs or ():
-                        i = index.get(tuple(out.prompt_token_ids or ()), -1)
-                        if not getattr(out, "finished", False) or i < 0 or i in reported or len(out.outputs) != n:
-                            continue
-                        reported.add(i)
-                        done.append((i, [Generation(response_ids=np.asarray(c.token_ids, dtype=np.int32),
-                                                    inference_logprobs=np.zeros(len(c.token_ids), np.float32),
-                                                    finish_reason="length" if c.finish_reason == "length" else "stop")
-                                         for c in sorted(out.outputs, key=lambda c: c.index)]))
-                    if done:
-                        on_groups_done(done)
-                except Exception as e:  # noqa: BLE001 - early scoring is an optimisation; generation goes on
-                    state["on"] = False
-                    log.warning("reporting finished groups during generation failed (%s: %s); the rest are scored "
-                                "after generation", type(e).__name__, e)
-            return outputs
-
-        engine.step = watched_step
-        try:
-            yield
-        finally:
-            if own:
-                engine.step = step
-            else:
-                del engine.step
+        else:
+            yield from _watch_steps(engine, prompts, n, on_groups_done)
 
     # -- scoring -------------------------------------------------------------------------------------------
     def _prompt_logprobs(self, sequences: list[list[int]]) -> list[np.ndarray]:
@@ -503,3 +465,46 @@ def _fp32_head_stale_rpc(worker) -> None:
     cache = getattr(worker, "_mixrl_fp32_head", None)
     if cache is not None:
         cache["w"] = None
+
+
+def _watch_steps(engine, prompts: list[list[int]], n: int, on_groups_done):
+    """`VLLMEngine._report_finished_groups` with an engine that has `step`: wrap it while the caller's block runs."""
+    index: dict[tuple, int] = {}
+    for i, p in enumerate(prompts):
+        index[tuple(p)] = -1 if tuple(p) in index else i
+    reported: set[int] = set()
+    step, own = engine.step, "step" in vars(engine)
+    more = getattr(engine, "has_unfinished_requests", lambda: True)
+    state = {"on": True}
+
+    def watched_step(*args, **kwargs):
+        outputs = step(*args, **kwargs)
+        # the last step's groups go out with generate's result at once: reporting them too would score them twice
+        if state["on"] and more():
+            try:
+                done = []
+                for out in outputs or ():
+                    i = index.get(tuple(out.prompt_token_ids or ()), -1)
+                    if not getattr(out, "finished", False) or i < 0 or i in reported or len(out.outputs) != n:
+                        continue
+                    reported.add(i)
+                    done.append((i, [Generation(response_ids=np.asarray(c.token_ids, dtype=np.int32),
+                                                inference_logprobs=np.zeros(len(c.token_ids), np.float32),
+                                                finish_reason="length" if c.finish_reason == "length" else "stop")
+                                     for c in sorted(out.outputs, key=lambda c: c.index)]))
+                if done:
+                    on_groups_done(done)
+            except Exception as e:  # noqa: BLE001 - early scoring is an optimisation; generation goes on
+                state["on"] = False
+                log.warning("reporting finished groups during generation failed (%s: %s); the rest are scored "
+                            "after generation", type(e).__name__, e)
+        return outputs
+
+    engine.step = watched_step
+    try:
+        yield
+    finally:
+        if own:
+            engine.step = step
+        else:
+            del engine.step

@@ -409,14 +409,16 @@ def _report(llm, prompts, n, callback):
 
 def test_finished_groups_are_reported_during_generation_once_and_whole():
     a, b, c, d = [1, 2], [3], [4, 5, 6], [1, 2]  # d repeats a: neither can be told apart by its prompt
-    comps = lambda k: [([k, 10 + j], "stop" if j else "length") for j in range(2)]  # noqa: E731
+    def comps(k):
+        return [([k, 10 + j], "stop" if j else "length") for j in range(2)]
+
     schedule = [[(b, comps(1))], [(a, comps(2)), (c, comps(3))], [(d, comps(4))]]
     llm, seen = StandInLLM(schedule), []
     outputs = _report(llm, [a, b, c, d], 2, lambda done: seen.append(done))
     assert len(outputs) == 4 and "step" not in vars(llm.llm_engine)  # the class's method again
     # step 1: b (prompt 1); step 2: c (prompt 2; a is ambiguous); step 3 is the last: returned at once, not reported
     assert [[i for i, _ in done] for done in seen] == [[1], [2]]
-    i, gens = seen[1][0]
+    _, gens = seen[1][0]
     assert [g.response_ids.tolist() for g in gens] == [[3, 10], [3, 11]]  # in sample order
     assert [g.finish_reason for g in gens] == ["length", "stop"] and gens[0].response_ids.dtype == np.int32
 

@@ -13,9 +13,9 @@ from omegaconf import OmegaConf
 
 from launch.cluster import ActorPool, RolloutInFlight
 from launch.placement import ColocatedPlacement
+from rewards.worker import RewardWorker
 from rl.config import resolve_auto
 from rl.data import PromptMixture
-from rewards.worker import RewardWorker
 from rl.models import load_tokenizer
 from rollout.worker import RolloutWorker
 
@@ -86,21 +86,30 @@ def test_a_worker_that_keeps_timing_out_ends_with_a_clear_error(ray_local, tiny_
     assert pool.actors[0] is not first  # the hung worker was replaced (and killed), not waited on
 
 
+def _rollout_and_rewards(model_path: str, rollouts: int, rewards: int, groups_per_batch: int | None = None):
+    """smoke_learn's config, started pools of RolloutWorkers and RewardWorkers, and 4 requests with group ids g0..g3.
+    `groups_per_batch`: the HF engine generates that many groups per batch (rollout.max_batch_size)."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=["+experiment=smoke_learn"]), resolve=True)
+    resolve_auto(cfg, is_moe=False)
+    if groups_per_batch is not None:
+        cfg["rollout"]["max_batch_size"] = groups_per_batch * cfg["rollout"]["n_samples"]
+    rollout_cls, reward_cls = ray.remote(num_cpus=0.25)(RolloutWorker), ray.remote(num_cpus=0.25)(RewardWorker)
+    rollout = ActorPool("rollout", lambda i: rollout_cls.remote(cfg, model_path, i), rollouts)
+    scorers = ActorPool("reward", lambda i: reward_cls.remote(cfg), rewards)
+    rollout.wait_ready()
+    scorers.wait_ready()
+    reqs = PromptMixture(cfg["domains"], load_tokenizer(model_path), seed=1, max_prompt_tokens=512).next_batch(4)
+    for i, r in enumerate(reqs):
+        r["group_id"] = f"g{i}"
+    return cfg, rollout, scorers, reqs
+
+
 def test_shares_are_scored_as_soon_as_they_are_generated(ray_local, tiny_dense_path):
     """The reward worker gets each share straight from its rollout worker: scoring finishes before the driver
     collects anything (with rollout.max_staleness = 1 the driver is training then). A share whose worker died is
     retried and then scored; nothing is lost."""
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = OmegaConf.to_container(compose(config_name="train", overrides=["+experiment=smoke_learn"]), resolve=True)
-    resolve_auto(cfg, is_moe=False)
-    rollout_cls, reward_cls = ray.remote(num_cpus=0.25)(RolloutWorker), ray.remote(num_cpus=0.25)(RewardWorker)
-    rollout = ActorPool("rollout", lambda i: rollout_cls.remote(cfg, tiny_dense_path, i), 2)
-    rewards = ActorPool("reward", lambda i: reward_cls.remote(cfg), 1)
-    rollout.wait_ready()
-    rewards.wait_ready()
-    reqs = PromptMixture(cfg["domains"], load_tokenizer(tiny_dense_path), seed=1, max_prompt_tokens=512).next_batch(4)
-    for i, r in enumerate(reqs):
-        r["group_id"] = f"g{i}"
+    cfg, rollout, rewards, reqs = _rollout_and_rewards(tiny_dense_path, 2, 1)
     n = len(reqs) * cfg["rollout"]["n_samples"]
     inflight = RolloutInFlight(rollout, rewards, reqs, 1, None)
     done, _ = ray.wait(inflight.early, num_returns=2, timeout=120)  # nobody has asked for the results yet
@@ -120,17 +129,7 @@ def test_shares_are_scored_as_soon_as_they_are_generated(ray_local, tiny_dense_p
 def test_a_retried_share_is_scored_by_its_own_reward_worker(ray_local, tiny_dense_path):
     """Share i goes to reward worker i mod n also when its rollout worker died and the share was retried: that
     worker holds the groups sent to it during generation (RewardWorker.prescore)."""
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = OmegaConf.to_container(compose(config_name="train", overrides=["+experiment=smoke_learn"]), resolve=True)
-    resolve_auto(cfg, is_moe=False)
-    rollout_cls, reward_cls = ray.remote(num_cpus=0.25)(RolloutWorker), ray.remote(num_cpus=0.25)(RewardWorker)
-    rollout = ActorPool("rollout", lambda i: rollout_cls.remote(cfg, tiny_dense_path, i), 2)
-    rewards = ActorPool("reward", lambda i: reward_cls.remote(cfg), 2)
-    rollout.wait_ready()
-    rewards.wait_ready()
-    reqs = PromptMixture(cfg["domains"], load_tokenizer(tiny_dense_path), seed=1, max_prompt_tokens=512).next_batch(4)
-    for i, r in enumerate(reqs):
-        r["group_id"] = f"g{i}"
+    cfg, rollout, rewards, reqs = _rollout_and_rewards(tiny_dense_path, 2, 2)
     ray.kill(rollout.actors[1])
     inflight = RolloutInFlight(rollout, rewards, reqs, 1, None)
     scored = inflight.scoring().collect()
@@ -143,18 +142,7 @@ def test_groups_are_scored_while_the_rest_of_the_share_generates(ray_local, tiny
     """One rollout worker generating in several batches hands each finished group to its reward worker at once
     (RewardWorker.prescore); the share's `score` then takes those results instead of scoring them again, and the
     rewards are the ones a plain scoring of the share gives."""
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = OmegaConf.to_container(compose(config_name="train", overrides=["+experiment=smoke_learn"]), resolve=True)
-    resolve_auto(cfg, is_moe=False)
-    cfg["rollout"]["max_batch_size"] = 2 * cfg["rollout"]["n_samples"]  # 4 prompts: two batches of two groups
-    rollout_cls, reward_cls = ray.remote(num_cpus=0.25)(RolloutWorker), ray.remote(num_cpus=0.25)(RewardWorker)
-    rollout = ActorPool("rollout", lambda i: rollout_cls.remote(cfg, tiny_dense_path, i), 1)
-    rewards = ActorPool("reward", lambda i: reward_cls.remote(cfg), 1)
-    rollout.wait_ready()
-    rewards.wait_ready()
-    reqs = PromptMixture(cfg["domains"], load_tokenizer(tiny_dense_path), seed=1, max_prompt_tokens=512).next_batch(4)
-    for i, r in enumerate(reqs):
-        r["group_id"] = f"g{i}"
+    cfg, rollout, rewards, reqs = _rollout_and_rewards(tiny_dense_path, 1, 1, groups_per_batch=2)  # 4 prompts: 2 batches
     scored = RolloutInFlight(rollout, rewards, reqs, 1, None).scoring().collect()
     stats = ray.get(rewards.actors[0].early_stats.remote())
     n = cfg["rollout"]["n_samples"]

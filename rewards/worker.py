@@ -5,10 +5,10 @@ It owns one `RewardComposer` (its process pool and sandbox threads live inside t
 Ray handle of the one `rollout.judge_worker.JudgeWorker` actor when a domain uses `rubric_judge` (the driver creates it
 once and passes it to every RewardWorker, so the judge model is loaded once).
 
-Scoring while the rollout still generates: a rollout worker hands each group to `prescore` as soon as its G samples
-are finished (rollout/worker.py), and `score`, called with the whole share once it is generated, takes the result
-kept for every sample whose response is the one scored early and scores only the others. So on one rollout worker
-the reward phase is left with the groups that finished last, not the whole batch.
+Scoring while the rollout still generates: a rollout worker hands the samples that have ended to `prescore` in small
+batches while the rest generate (rollout/worker.py), and `score`, called with the whole share once it is generated,
+takes the result kept for every sample whose group and response are ones scored early, and scores only the others.
+So on one rollout worker the reward phase is left with the samples that ended last, not the whole batch.
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ from .compose import RewardComposer
 
 logger = logging.getLogger(__name__)
 
-# Early results kept at most (a share retried on another worker leaves its early results unclaimed here)
-MAX_EARLY_RESULTS = 65536
+# Groups whose early results are kept at most (a share retried on another worker leaves its early results here)
+MAX_EARLY_GROUPS = 8192
 
 
 def response_fingerprint(t: Trajectory) -> bytes:
     """What a reward reads of a sample besides its prompt and dataset row: the response and how it ended. The prompt
-    and row are fixed by the uid, which the loop makes unique per run (`s<step>-p<i>-<j>`; eval: `...-step<step>`)."""
+    and row are the group's, and the loop makes group ids unique per run (`s<step>-p<i>`; eval: `...-step<step>`), so
+    (group id, fingerprint) names what a sample is scored on, whichever of the group's n samples it is."""
     h = hashlib.blake2b(digest_size=16)
     h.update(t.domain.encode())
     h.update(str(t.finish_reason).encode())
@@ -49,8 +50,8 @@ class RewardWorker:
             cfg["domains"], cfg.get("rewards") or {}, (cfg.get("rollout") or {}).get("max_new_tokens", 0),
             judge=judge,
         )
-        # uid -> (response fingerprint, (reward, reward_parts, reward_error, reward_failed)) from `prescore`
-        self._early: OrderedDict[str, tuple[bytes, tuple]] = OrderedDict()
+        # group id -> {response fingerprint: (reward, reward_parts, reward_error, reward_failed)} from `prescore`
+        self._early: OrderedDict[str, dict[bytes, tuple]] = OrderedDict()
         self.early_used = self.scored = 0  # samples `score` took an early result for / was given, since start
 
     def ready(self) -> bool:
@@ -58,14 +59,14 @@ class RewardWorker:
         return self.composer.ready()
 
     def prescore(self, trajs: list[Trajectory]) -> int:
-        """Score finished groups while the rollout goes on; `score` uses the results. Domains with a judge part wait
-        for `score` (the judge model would compete with the rollout for the GPU). Returns how many were scored."""
+        """Score samples that ended while the rollout goes on; `score` uses the results. Domains with a judge part
+        wait for `score` (the judge model would compete with the rollout for the GPU). Returns how many were scored."""
         trajs = [t for t in trajs if not self.composer.uses_judge(t.domain)]
         for t in self.composer.score(trajs):
             result = (t.reward, dict(t.reward_parts), t.reward_error, t.reward_failed)
-            self._early[t.uid] = (response_fingerprint(t), result)
-            self._early.move_to_end(t.uid)
-        while len(self._early) > MAX_EARLY_RESULTS:
+            self._early.setdefault(t.group_id, {})[response_fingerprint(t)] = result
+            self._early.move_to_end(t.group_id)
+        while len(self._early) > MAX_EARLY_GROUPS:
             self._early.popitem(last=False)
         return len(trajs)
 
@@ -73,13 +74,15 @@ class RewardWorker:
         self.scored += len(trajs)
         rest = []
         for t in trajs:
-            early = self._early.pop(t.uid, None)
-            if early is not None and early[0] == response_fingerprint(t):
-                t.reward, parts, t.reward_error, t.reward_failed = early[1]
+            early = self._early.get(t.group_id, {}).get(response_fingerprint(t))
+            if early is not None:
+                t.reward, parts, t.reward_error, t.reward_failed = early
                 t.reward_parts = dict(parts)
                 self.early_used += 1
             else:
                 rest.append(t)
+        for group in {t.group_id for t in trajs}:  # each group is scored once; what was not used is stale
+            self._early.pop(group, None)
         if rest:
             self.composer.score(rest)  # in place
         if len(rest) < len(trajs):
@@ -89,7 +92,7 @@ class RewardWorker:
 
     def early_stats(self) -> dict:
         """Samples given to `score` and early results it took since start; early results kept unclaimed now."""
-        return {"scored": self.scored, "used": self.early_used, "kept": len(self._early)}
+        return {"scored": self.scored, "used": self.early_used, "kept": sum(map(len, self._early.values()))}
 
     def close(self) -> None:
         self.composer.close()

@@ -168,6 +168,14 @@ def rollout_placement(rcfg: Mapping) -> str:
     return str(rcfg.get("placement") or "colocated")
 
 
+def engine_memory_share(rcfg: Mapping) -> float | None:
+    """The share of the GPU a colocated vLLM takes when it wakes up (`rollout.gpu_memory_utilization`); None for the
+    transformers engine, whose memory use is not bounded ahead."""
+    if str(rcfg.get("engine")) == "hf" or rcfg.get("gpu_memory_utilization") is None:
+        return None
+    return float(rcfg["gpu_memory_utilization"])
+
+
 def to_plain(cfg: Any) -> Any:
     """OmegaConf containers -> plain dicts/lists (resolved); anything else unchanged."""
     from omegaconf import DictConfig, ListConfig, OmegaConf

@@ -1,5 +1,5 @@
 """Every metric key of a step is written here: one flat dict from the trajectories, the trainer ranks' sums and
-the loop's phase timings. The trainer adds to its sums with `accumulate_train_stats` (on each rank); the loop
+the loop's phase timings. The trainer adds to its sums with `TrainStatSums` (on each rank); the loop
 reduces them with `trainer_metrics`.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from rl.trajectory import Trajectory
+from rl.trajectory import Trajectory, host_to_device
 
 
 def _mean(xs) -> float:
@@ -100,7 +100,7 @@ def agent_metrics(trajs: list[Trajectory], agent_domains: list[str] = ()) -> dic
 
 
 def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int) -> dict[str, float | None]:
-    """Reduce the ranks' sums (`accumulate_train_stats`) to the logged values."""
+    """Reduce the ranks' sums (`TrainStatSums.totals`) to the logged values."""
     s: dict[str, float] = defaultdict(float)
     for rs in rank_sums:
         for k, v in rs.items():
@@ -137,41 +137,63 @@ def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int
     return m
 
 
-def accumulate_train_stats(sums: dict, batch, out, stats: dict, routing: tuple[int, int],
-                           first_minibatch: bool) -> None:
-    """Add one micro-batch to a rank's metric sums. `out` is the trainer's forward (logprobs = pi_theta, and the
-    entropies), `stats` come from the objective, `routing` is (mismatched, total) route slots from Keep Routing."""
-    mask = batch.loss_mask
-    logprobs = out.logprobs.detach()
-    tokens = float(mask.sum())
-    sums["loss/pg"] += float(stats["pg_loss"])
-    sums["loss/kl"] += float(stats["kl_loss"])
-    sums["clip_tokens"] += float(stats["clip_tok_sum"])
-    sums["tokens"] += tokens
-    if out.entropy is not None:
-        sums["entropy_sum"] += float((out.entropy * mask).sum())
-        # NaN where not computed (the support head computes it at a subsample of positions)
-        seen = ~torch.isnan(out.full_entropy)
-        sums["full_entropy_sum"] += float((out.full_entropy.nan_to_num(0.0) * mask).sum())
-        sums["full_entropy_tokens"] += float((mask * seen).sum())
-    if first_minibatch:
-        # Same weights on both sides before the first update: the train/inference mismatch.
-        diff = (batch.inference_logprobs - logprobs).abs()
-        sums["mismatch_abs_sum"] += float((diff * mask).sum())
-        sums["mismatch_tokens"] += tokens
-        sums["routing_mismatch"] += routing[0]
-        sums["routing_total"] += routing[1]
-    if "is_weight_sum" in stats:  # pi_old recomputed by the trainer: truncated importance weights
-        sums["is_weight_sum"] += float(stats["is_weight_sum"])
-        sums["is_clip_sum"] += float(stats["is_clip_sum"])
-    keep = stats["opsm_keep"]
-    has_ref = batch.kl_coef > 0
-    for i, domain in enumerate(batch.domains):
-        sums[f"seqs/{domain}"] += 1
-        sums[f"opsm_masked/{domain}"] += float(not bool(keep[i]))
-        if bool(has_ref[i]):
-            sums[f"kl_sum/{domain}"] += float(stats["kl_seq"][i])
-            sums[f"kl_seqs/{domain}"] += 1
+class TrainStatSums:
+    """A rank's metric sums over one step's micro-batches (`add`), turned into floats by `totals` once the step is
+    done. Values computed on the GPU stay there until then: reading one (`float(t)`) blocks the CPU until the GPU has
+    caught up, and with a few reads per sample the CPU could never queue kernels ahead of the GPU (the 0.6B benchmark's
+    train phase lost ~0.4 s of GPU time a step to such gaps, benchmarks/README.md). `totals` reads them in one copy."""
+
+    def __init__(self) -> None:
+        self.host: dict[str, float] = defaultdict(float)
+        self.device: dict[str, torch.Tensor] = {}
+
+    def _add(self, key: str, value: torch.Tensor) -> None:
+        value = value.detach().float()
+        self.device[key] = self.device[key] + value if key in self.device else value
+
+    def add(self, batch, out, stats: dict, routing: tuple[int, int], first_minibatch: bool) -> None:
+        """One micro-batch. `out` is the trainer's forward (logprobs = pi_theta, and the entropies), `stats` come from
+        the objective, `routing` is (mismatched, total) route slots from Keep Routing."""
+        mask = batch.loss_mask
+        logprobs = out.logprobs.detach()
+        tokens = mask.sum()
+        self._add("loss/pg", stats["pg_loss"])
+        self._add("loss/kl", stats["kl_loss"])
+        self._add("clip_tokens", stats["clip_tok_sum"])
+        self._add("tokens", tokens)
+        if out.entropy is not None:
+            self._add("entropy_sum", (out.entropy * mask).sum())
+            # NaN where not computed (the support head computes it at a subsample of positions)
+            seen = ~torch.isnan(out.full_entropy)
+            self._add("full_entropy_sum", (out.full_entropy.nan_to_num(0.0) * mask).sum())
+            self._add("full_entropy_tokens", (mask * seen).sum())
+        if first_minibatch:
+            # Same weights on both sides before the first update: the train/inference mismatch.
+            self._add("mismatch_abs_sum", ((batch.inference_logprobs - logprobs).abs() * mask).sum())
+            self._add("mismatch_tokens", tokens)
+            self.host["routing_mismatch"] += routing[0]
+            self.host["routing_total"] += routing[1]
+        if "is_weight_sum" in stats:  # pi_old recomputed by the trainer: truncated importance weights
+            self._add("is_weight_sum", stats["is_weight_sum"])
+            self._add("is_clip_sum", stats["is_clip_sum"])
+        masked, has_ref = ~stats["opsm_keep"], batch.kl_coef > 0
+        kl_seq = torch.where(has_ref, stats["kl_seq"], torch.zeros_like(stats["kl_seq"]))
+        for domain in sorted(set(batch.domains)):
+            rows = [i for i, d in enumerate(batch.domains) if d == domain]
+            self.host[f"seqs/{domain}"] += len(rows)
+            sel = host_to_device(torch.tensor(rows), masked.device)
+            self._add(f"opsm_masked/{domain}", masked[sel].sum())
+            self._add(f"kl_sum/{domain}", kl_seq[sel].sum())
+            self._add(f"kl_seqs/{domain}", has_ref[sel].sum())
+
+    def totals(self) -> dict[str, float]:
+        """Every sum as a float (the device sums in one transfer)."""
+        out = dict(self.host)
+        if self.device:
+            keys = list(self.device)
+            values = torch.stack([self.device[k].reshape(()).to(torch.float64) for k in keys]).tolist()
+            out.update(zip(keys, values))
+        return out
 
 
 def step_metrics(step: int, times: dict[str, float], generated_tokens: int, skipped_long_prompts: int) -> dict:

@@ -151,8 +151,18 @@ class TrainBatch:
     def to(self, device: torch.device | str) -> "TrainBatch":
         for name, value in vars(self).items():
             if isinstance(value, torch.Tensor):
-                setattr(self, name, value.to(device))
+                setattr(self, name, host_to_device(value, device))
         return self
+
+
+def host_to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`t.to(device)`; a CPU tensor goes to a GPU through pinned memory without blocking. A plain copy from pageable
+    memory waits for every kernel queued before it (the previous micro-batch's backward), so the CPU could not queue
+    the next micro-batch's work while the GPU is busy. torch keeps the pinned buffer until the copy has run."""
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> TrainBatch:

@@ -70,6 +70,27 @@ def _per_prompt(vsp, n_prompts: int):
     return params
 
 
+def _one_request_per_sample(params, n_prompts: int, n: int):
+    """The same samples as `params` (one SamplingParams, or one per prompt) asking n each, as n requests of one
+    sample per prompt (prompt i's at positions i*n..i*n+n-1). vLLM runs a request for n samples as n requests of one
+    anyway, the j-th seeded seed + j when seeded (vllm/v1/engine/parallel_sampling.py); sent as separate requests,
+    each sample comes out of `LLMEngine.step` when it ends rather than with its whole group."""
+    per_prompt = params if isinstance(params, list) else [params] * n_prompts
+    if all(p.seed is None for p in per_prompt) and not isinstance(params, list):
+        one = params.clone()
+        one.n = 1
+        return one  # unseeded: one shared SamplingParams
+    out = []
+    for p in per_prompt:
+        for j in range(n):
+            q = p.clone()
+            q.n = 1
+            if p.seed is not None:
+                q.seed = (p.seed + j) % (2**63)
+            out.append(q)
+    return out
+
+
 @dataclass
 class _Capture:
     inference_logprobs: np.ndarray  # float32 [R]
@@ -257,25 +278,31 @@ class VLLMEngine:
         return [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
 
     def generate(self, prompts: list[list[int]], sp: SamplingParams, capture: bool = True,
-                 on_groups_done: Callable[[list[tuple[int, list[Generation]]]], None] | None = None,
+                 on_samples_done: Callable[[list[tuple[int, list[Generation]]]], None] | None = None,
                  ) -> list[list[Generation]]:
         """Sample `sp.n` continuations of every prompt; grouped per prompt. capture=False (benchmarks only)
-        skips logprobs, kept sets and the route conversion. `on_groups_done`: called during generation with
-        [(prompt index, its n generations: tokens and finish reason only)] for the prompts whose samples have all
-        finished (`_report_finished_groups`)."""
+        skips logprobs, kept sets and the route conversion. `on_samples_done`: called during generation with
+        [(prompt index, [one generation: tokens and finish reason only])] for each sample as it ends
+        (`_report_finished_samples`); vLLM then gets one request per sample (`_one_request_per_sample`)."""
         if self._asleep:
             raise RuntimeError(f"vLLM engine is asleep ({sorted(self._asleep)}); sync weights / wake it first")
         want_mask = capture and sp.records_kept_sets
         hook = capture and self.capture == "sampler"
         vsp = self._sampling_params(sp, capture and not hook)
-        inputs, params = self._prompts(prompts), _per_prompt(vsp, len(prompts))
+        n = int(vsp.n)
+        if on_samples_done is not None and n > 1:
+            # prompt i's samples are requests i*n..i*n+n-1, of one sample each
+            inputs = self._prompts([p for p in prompts for _ in range(n)])
+            params, per_request = _one_request_per_sample(_per_prompt(vsp, len(prompts)), len(prompts), n), 1
+        else:
+            inputs, params, per_request = self._prompts(prompts), _per_prompt(vsp, len(prompts)), n
         if hook:
             from rollout.vllm_capture import collect_rpc, start_rpc
 
             self.llm.collective_rpc(start_rpc, args=(self.kept_buffer_ids if want_mask else 0, self.capture_profile))
             t_gen = time.perf_counter()
             try:
-                with self._report_finished_groups(prompts, int(vsp.n), on_groups_done):
+                with self._report_finished_samples(prompts, per_request, on_samples_done):
                     outputs = self.llm.generate(inputs, params, use_tqdm=False)
             finally:  # always stop recording (the driver rank's result is the one that is not None)
                 self.last_generate_seconds = time.perf_counter() - t_gen
@@ -291,22 +318,25 @@ class VLLMEngine:
                                    "rollout.capture=logprobs to take vLLM's logprobs output instead")
         else:
             t_gen = time.perf_counter()
-            with self._report_finished_groups(prompts, int(vsp.n), on_groups_done):
+            with self._report_finished_samples(prompts, per_request, on_samples_done):
                 outputs = self.llm.generate(inputs, params, use_tqdm=False)
             self.last_generate_seconds = time.perf_counter() - t_gen
         t0 = time.perf_counter()
-        comps = [sorted(req.outputs, key=lambda c: c.index) for req in outputs]
+        # (request id, completion) of prompt i's samples, in sample order
+        reqs = n // per_request
+        comps = [[(req.request_id, c) for req in outputs[i * reqs : (i + 1) * reqs]
+                  for c in sorted(req.outputs, key=lambda c: c.index)] for i in range(len(prompts))]
         if hook:
             from rollout.vllm_capture import assemble, completion_key
 
-            keys = [(completion_key(req.request_id, c.index, vsp.n), len(p), c.token_ids)
-                    for req, p, cs in zip(outputs, prompts, comps) for c in cs]
+            keys = [(completion_key(rid, c.index, per_request), len(p), c.token_ids)
+                    for p, cs in zip(prompts, comps) for rid, c in cs]
             captured = iter(assemble(rows, keys))
         groups: list[list[Generation]] = []
         for prompt, cs in zip(prompts, comps):
             P = len(prompt)
             gens = []
-            for comp in cs:
+            for _, comp in cs:
                 ids = np.asarray(comp.token_ids, dtype=np.int32)
                 R = len(ids)
                 g = Generation(
@@ -344,18 +374,18 @@ class VLLMEngine:
         return groups
 
     @contextmanager
-    def _report_finished_groups(self, prompts: list[list[int]], n: int, on_groups_done):
-        """While `LLM.generate` runs, hand each prompt's group to `on_groups_done` as soon as vLLM returns it finished
-        (LLM.generate asks for final outputs only, so a request's output appears once, when all its n samples have
-        ended): by watching what `LLMEngine.step`, which LLM.generate's loop calls, returns. Outputs are matched to
-        prompts by their token ids; a prompt that occurs twice in the batch is not reported early (its outputs could
-        not be told apart), nor are those of the last step (they are returned at once). An error in the callback stops
-        the reports, never the generation."""
+    def _report_finished_samples(self, prompts: list[list[int]], per_request: int, on_samples_done):
+        """While `LLM.generate` runs, hand each request's samples to `on_samples_done` as soon as vLLM returns the
+        request finished (LLM.generate asks for final outputs only, so a request's output appears once, when all
+        its `per_request` samples have ended): by watching what `LLMEngine.step`, which LLM.generate's loop calls,
+        returns. Outputs are matched to prompts by their token ids; a prompt whose ids occur at two prompt indices
+        is not reported early (its outputs could not be told apart), nor are the outputs of the last step (they are
+        returned at once). An error in the callback stops the reports, never the generation."""
         engine = getattr(self.llm, "llm_engine", None)
-        if on_groups_done is None or not callable(getattr(engine, "step", None)):
+        if on_samples_done is None or not callable(getattr(engine, "step", None)):
             yield
         else:
-            yield from _watch_steps(engine, prompts, n, on_groups_done)
+            yield from _watch_steps(engine, prompts, per_request, on_samples_done)
 
     # -- scoring -------------------------------------------------------------------------------------------
     def _prompt_logprobs(self, sequences: list[list[int]]) -> list[np.ndarray]:
@@ -467,36 +497,35 @@ def _fp32_head_stale_rpc(worker) -> None:
         cache["w"] = None
 
 
-def _watch_steps(engine, prompts: list[list[int]], n: int, on_groups_done):
-    """`VLLMEngine._report_finished_groups` with an engine that has `step`: wrap it while the caller's block runs."""
+def _watch_steps(engine, prompts: list[list[int]], per_request: int, on_samples_done):
+    """`VLLMEngine._report_finished_samples` with an engine that has `step`: wrap it while the caller's block runs."""
     index: dict[tuple, int] = {}
     for i, p in enumerate(prompts):
-        index[tuple(p)] = -1 if tuple(p) in index else i
-    reported: set[int] = set()
+        key = tuple(p)
+        index[key] = i if index.get(key, i) == i else -1
     step, own = engine.step, "step" in vars(engine)
     more = getattr(engine, "has_unfinished_requests", lambda: True)
     state = {"on": True}
 
     def watched_step(*args, **kwargs):
         outputs = step(*args, **kwargs)
-        # the last step's groups go out with generate's result at once: reporting them too would score them twice
+        # the last step's samples go out with generate's result at once: reporting them too would score them twice
         if state["on"] and more():
             try:
                 done = []
                 for out in outputs or ():
                     i = index.get(tuple(out.prompt_token_ids or ()), -1)
-                    if not getattr(out, "finished", False) or i < 0 or i in reported or len(out.outputs) != n:
+                    if not getattr(out, "finished", False) or i < 0 or len(out.outputs) != per_request:
                         continue
-                    reported.add(i)
                     done.append((i, [Generation(response_ids=np.asarray(c.token_ids, dtype=np.int32),
                                                 inference_logprobs=np.zeros(len(c.token_ids), np.float32),
                                                 finish_reason="length" if c.finish_reason == "length" else "stop")
                                      for c in sorted(out.outputs, key=lambda c: c.index)]))
                 if done:
-                    on_groups_done(done)
+                    on_samples_done(done)
             except Exception as e:  # noqa: BLE001 - early scoring is an optimisation; generation goes on
                 state["on"] = False
-                log.warning("reporting finished groups during generation failed (%s: %s); the rest are scored "
+                log.warning("reporting finished samples during generation failed (%s: %s); the rest are scored "
                             "after generation", type(e).__name__, e)
         return outputs
 

@@ -21,6 +21,11 @@ from rollout.sampling import Generation, decode_response
 
 log = logging.getLogger(__name__)
 
+# Samples that end during generation go to the reward worker once EARLY_BATCH of them (at most a group's n) are
+# waiting, or EARLY_WAIT_S after the last ones went (a call per sample would cost more in overhead than the scoring)
+EARLY_BATCH = 16
+EARLY_WAIT_S = 0.2
+
 
 class RolloutWorker:
     def __init__(self, cfg: dict, model_path: str, rank: int):
@@ -88,8 +93,8 @@ class RolloutWorker:
         `overrides`: rollout keys (n_samples, temperature, top_p, top_k) for this call only: held-out evaluation,
         whose samples are never trained on (so no kept sets are recorded for them).
         `scorers`: the RewardWorker handles; this worker's share is scored by scorers[rank mod len] (the driver's
-        `RolloutInFlight` sends it there), which gets each single-turn group as soon as its samples have all
-        finished (`RewardWorker.prescore`), so scoring runs while the rest generates."""
+        `RolloutInFlight` sends it there), which gets the single-turn samples as they end, in small batches
+        (`RewardWorker.prescore`), so scoring runs while the rest generates."""
         if not requests:
             return []
         seed = (int(self.cfg["seed"]) * 1_000_003 + step * 1009 + self.rank) % (2**63)
@@ -109,40 +114,44 @@ class RolloutWorker:
         return [t for group in out for t in group]
 
     def _single_turn(self, requests: list[dict], sp, scorer=None) -> list[Trajectory]:
-        texts: dict[tuple[int, int], str] = {}  # decoded for early scoring, reused below
-        early = {"groups": 0, "calls": 0}
+        texts: dict[tuple[int, bytes], str] = {}  # (prompt index, response) -> text, decoded for early scoring
+        early = {"samples": 0, "calls": 0}
+        pending: list[Trajectory] = []
+        last_sent = [time.perf_counter()]
 
         def score_early(done: list) -> None:
-            light = []
             for i, gens in done:
-                for j, g in enumerate(gens):
-                    texts[i, j] = decode_response(self.tokenizer, g.response_ids)
-                    # what rewards read: tokens, text, finish reason (no logprobs, kept sets or routes to ship)
+                for g in gens:
+                    text = texts[i, g.response_ids.tobytes()] = decode_response(self.tokenizer, g.response_ids)
+                    # what rewards read: tokens, text, finish reason (no logprobs, kept sets or routes to ship); the
+                    # reward worker matches it to the returned sample by group and response, not by uid
                     bare = Generation(g.response_ids, np.zeros(len(g.response_ids), np.float32), g.finish_reason)
-                    light.append(self._trajectory(requests[i], j, bare, texts[i, j]))
-            scorer.prescore.remote(light)  # not awaited: `score` takes what it finished, scores the rest itself
-            early["groups"] += len(done)
-            early["calls"] += 1
+                    pending.append(self._trajectory(requests[i], "early", bare, text))
+            if len(pending) >= min(EARLY_BATCH, sp.n) or time.perf_counter() - last_sent[0] >= EARLY_WAIT_S:
+                scorer.prescore.remote(list(pending))  # not awaited: `score` takes what it finished, scores the rest
+                early["samples"] += len(pending)
+                early["calls"] += 1
+                pending.clear()
+                last_sent[0] = time.perf_counter()
 
         t0 = time.perf_counter()
-        kwargs = {"on_groups_done": score_early} if scorer is not None else {}
+        kwargs = {"on_samples_done": score_early} if scorer is not None else {}
         groups = self.engine.generate([r["prompt_ids"] for r in requests], sp, **kwargs)
         seconds = time.perf_counter() - t0
         tokens = sum(len(g.response_ids) for gens in groups for g in gens)
         log.info("rollout worker %d: %d samples, %d new tokens in %.2f s (%.0f tokens/s, capture and conversion "
-                 "included); %d of %d groups sent to scoring before the end (%d calls)", self.rank,
-                 sum(map(len, groups)), tokens, seconds, tokens / max(seconds, 1e-9), early["groups"], len(groups),
-                 early["calls"])
+                 "included); %d samples sent to scoring before the end (%d calls)", self.rank,
+                 sum(map(len, groups)), tokens, seconds, tokens / max(seconds, 1e-9), early["samples"], early["calls"])
         out = []
         for i, (req, gens) in enumerate(zip(requests, groups)):
             for j, g in enumerate(gens):
-                text = texts.get((i, j))
+                text = texts.get((i, g.response_ids.tobytes()))
                 out.append(self._trajectory(req, j, g, decode_response(self.tokenizer, g.response_ids) if text is None
                                             else text))
         return out
 
     @staticmethod
-    def _trajectory(req: dict, j: int, g, response_text: str) -> Trajectory:
+    def _trajectory(req: dict, j: int | str, g, response_text: str) -> Trajectory:
         return Trajectory(
             uid=f"{req['group_id']}-{j}",
             group_id=req["group_id"],

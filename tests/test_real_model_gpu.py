@@ -1,6 +1,6 @@
 """The real SmolLM2-135M-Instruct on vLLM (`-m gpu`): Keep Sampling Mask records every kept set whole at
-top_p=0.95 (sets of thousands of ids), and the trainer's logprob over those sets matches vLLM's; groups whose
-samples have all ended are reported while the rest generate (real EOS: lengths differ)."""
+top_p=0.95 (sets of thousands of ids), and the trainer's logprob over those sets matches vLLM's; samples that have
+ended are reported while the rest generate (real EOS: lengths differ)."""
 
 import os
 
@@ -35,15 +35,19 @@ def test_whole_kept_sets_on_vllm_and_the_trainer_agrees(smollm2_path):
     prompts = [tok(tok.apply_chat_template([{"role": "user", "content": r["question"]}], tokenize=False,
                                            add_generation_prompt=True), add_special_tokens=False)["input_ids"]
                for r in rows]
-    early: list = []  # groups handed on while generation goes on (the rollout worker scores them then)
-    groups = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, top_p=0.95, max_new_tokens=128, seed=None),
-                             on_groups_done=early.extend)
+    early: list = []  # samples handed on as they end, while generation goes on (the rollout worker scores them)
+    engine.per_request_seed = True  # seeded: one request per sample must draw what one request of n draws
+    sp = SamplingParams(n=4, temperature=1.0, top_p=0.95, max_new_tokens=128, seed=1234)
+    groups = engine.generate(prompts, sp, on_samples_done=early.extend)
     gens = [g for grp in groups for g in grp]
-    print(f"\n{len(early)} of {len(groups)} groups reported before generate returned")
-    assert 0 < len(early) < len(groups) and len({i for i, _ in early}) == len(early)
-    for i, reported in early:  # exactly the samples generate returns, in sample order
-        assert [(g.response_ids.tolist(), g.finish_reason) for g in reported] == \
-            [(g.response_ids.tolist(), g.finish_reason) for g in groups[i]]
+    print(f"\n{len(early)} of {len(gens)} samples reported before generate returned")
+    assert 0 < len(early) < len(gens) and all(len(reported) == 1 for _, reported in early)
+    for i, (g,) in early:  # each is one of the samples generate returns for its prompt
+        assert (g.response_ids.tolist(), g.finish_reason) in \
+            [(x.response_ids.tolist(), x.finish_reason) for x in groups[i]]
+    # each of a prompt's one-sample requests has its own seed (seed + j): its samples are not copies of one another
+    assert sum(len({tuple(x.response_ids.tolist()) for x in grp}) == len(grp) for grp in groups) >= len(groups) - 2
+    engine.per_request_seed = False
     sizes = np.concatenate([np.diff(g.kept_offsets) for g in gens])
     cut = sum(g.kept_set_cut for g in gens)
     print(f"\nvLLM kept sets at top_p=0.95: {len(sizes)} positions, median {np.median(sizes):.0f}, p90 "

@@ -146,22 +146,32 @@ def _counting(view, params):
     return 1.0 if "42" in view.response else 0.0
 
 
+def _said(text, group="g", uid="u", finish="stop"):
+    """A sample whose response ids follow its text, as a decoded sample's do."""
+    t = traj(text, uid=uid, finish=finish)
+    t.response_ids, t.group_id = np.frombuffer(text.encode(), np.uint8).astype(np.int32), group
+    return t
+
+
 def test_prescored_samples_are_not_scored_again_unless_their_response_changed(monkeypatch):
-    """RewardWorker.prescore (groups finished while the rollout still generates) -> score takes those results and
-    runs the reward only for the rest, and for a sample whose response is not the one scored early."""
+    """RewardWorker.prescore (samples that ended while the rollout still generates) -> score takes those results for
+    samples of the same group with the same response and end, whichever sample of the group they are, and runs the
+    reward only for the rest."""
     monkeypatch.setitem(registry.REWARDS, "counting", RewardSpec(_counting))
     CALLS.clear()
     w = RewardWorker({"domains": {"logic": {"rewards": [{"name": "counting", "weight": 2.0}]}}, "rewards": {},
                       "rollout": {"max_new_tokens": 64}})
-    assert w.prescore([traj("Answer: 42", uid="a"), traj("Answer: 7", uid="b")]) == 2
+    assert w.prescore([_said("Answer: 42", uid="early"), _said("Answer: 7", uid="early")]) == 2
     assert len(CALLS) == 2
-    share = [traj("Answer: 42", uid="a"), traj("Answer: 42", uid="b", n=11), traj("Answer: 42", uid="c")]
+    share = [_said("Answer: 42", uid="a"), _said("Answer: 42", uid="b"),  # the same response twice: both served
+             _said("Answer: 7", uid="c", finish="length"),  # ended otherwise than the one scored early
+             _said("Answer: 42", group="h", uid="d")]  # another group
     out = w.score(share)
-    assert [t.reward for t in out] == [2.0, 2.0, 2.0] and out[0].reward_parts == {"counting": 1.0}
-    assert len(CALLS) == 4  # "a" came from prescore; "b" (another response than the one prescored) and "c" ran now
-    assert w.early_stats() == {"scored": 3, "used": 1, "kept": 0}  # "b"'s stale early result is dropped
+    assert [t.reward for t in out] == [2.0, 2.0, 0.0, 2.0] and out[0].reward_parts == {"counting": 1.0}
+    assert len(CALLS) == 4  # "a" and "b" came from prescore; "c" and "d" ran now
+    assert w.early_stats() == {"scored": 4, "used": 2, "kept": 0}  # the group's unused result went with it
     CALLS.clear()
-    assert w.score([traj("Answer: 42", uid="a")])[0].reward == 2.0 and len(CALLS) == 1  # an early result serves once
+    assert w.score([_said("Answer: 42", uid="a")])[0].reward == 2.0 and len(CALLS) == 1  # a group is served once
     w.close()
 
 

@@ -364,7 +364,7 @@ def test_gather_kept_ids_either_way(monkeypatch, slices_above):
         vc.gather_kept_ids(flat, np.array([4]), np.array([3]), np.array([0, 3]))
 
 
-# -- groups reported as they finish (VLLMEngine._report_finished_groups) --------------------------------------
+# -- samples reported as they finish (VLLMEngine._report_finished_samples) ------------------------------------
 class StandInLLM:
     """What the report needs of vLLM's `LLM`: `generate` runs the loop LLM._run_engine runs (step until nothing is
     unfinished, keep the finished outputs), over `llm_engine.step`, whose outputs here finish on a schedule."""
@@ -403,8 +403,44 @@ def _report(llm, prompts, n, callback):
     from rollout.vllm_engine import VLLMEngine
 
     engine = SimpleNamespace(llm=llm)
-    with VLLMEngine._report_finished_groups(engine, prompts, n, callback):
+    with VLLMEngine._report_finished_samples(engine, prompts, n, callback):
         return llm.generate()
+
+
+def test_one_request_per_sample_draws_what_n_per_request_draws():
+    """vLLM seeds the j-th of a request's n samples seed + j; the requests of one sample each get those seeds (prompt i's
+    at i*n..i*n+n-1), and unseeded ones share one n=1 SamplingParams."""
+    from rollout.vllm_engine import _one_request_per_sample, _per_prompt
+
+    class SP:  # what the split needs of vllm.SamplingParams
+        def __init__(self, n, seed):
+            self.n, self.seed = n, seed
+
+        def clone(self):
+            return SP(self.n, self.seed)
+
+    seeded = _one_request_per_sample(_per_prompt(SP(3, 100), 2), 2, 3)
+    assert [(p.n, p.seed) for p in seeded] == [(1, 100), (1, 101), (1, 102),
+                                               (1, 100 + 1_000_003), (1, 101 + 1_000_003), (1, 102 + 1_000_003)]
+    one = _one_request_per_sample(SP(3, 100), 1, 3)  # a single prompt keeps the call's seed
+    assert [(p.n, p.seed) for p in one] == [(1, 100), (1, 101), (1, 102)]
+    base = SP(4, None)
+    shared = _one_request_per_sample(_per_prompt(base, 5), 5, 4)
+    assert not isinstance(shared, list) and (shared.n, shared.seed) == (1, None) and base.n == 4
+
+
+def test_samples_of_one_sample_requests_are_reported_as_each_ends():
+    """Requests of one sample each (prompt i repeated n times): each sample goes out at the step its request ends,
+    under its prompt's index; the last step's go out with the result only."""
+    a, b = [7, 8], [9]
+    schedule = [[(a, [([1], "stop")])], [(b, [([2, 3], "stop")]), (a, [([4], "length")])], [(b, [([5], "stop")])],
+                [(a, [([6], "stop")]), (b, [([7], "stop")])]]
+    llm, seen = StandInLLM(schedule), []
+    outputs = _report(llm, [a, b], 1, lambda done: seen.append(done))
+    assert len(outputs) == 6
+    assert [[(i, [g.response_ids.tolist() for g in gens]) for i, gens in done] for done in seen] == [
+        [(0, [[1]])], [(1, [[2, 3]]), (0, [[4]])], [(1, [[5]])]]
+    assert seen[1][1][1][0].finish_reason == "length"
 
 
 def test_finished_groups_are_reported_during_generation_once_and_whole():

@@ -2,7 +2,7 @@
 
 `algorithm.objective` picks one from `OBJECTIVES`. GRPO with the DeepSeek-V3.2 stabilisers is the one there is; an
 SFT or distillation objective plugs in as another function of the same shape (its stats keys are the ones
-`rl.metrics.accumulate_train_stats` reads) and a name in `OBJECTIVES`.
+`rl.metrics.TrainStatSums.add` reads) and a name in `OBJECTIVES`.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from rl.batching import micro_batches, micro_batches_per_minibatch, per_rank_samples
-from rl.config import head_options, logprob_temperature, pack_sequences, rollout_placement
+from rl.config import engine_memory_share, head_options, logprob_temperature, pack_sequences, rollout_placement
 from rl.memory import activation_bytes, micro_batch_tokens, should_checkpoint
-from rl.metrics import accumulate_train_stats
+from rl.metrics import TrainStatSums
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
 from trainer.dist import (
@@ -104,6 +104,7 @@ class PolicyTrainer:
         # of the free GPU memory (rl/memory.py), and the trainer marks DeepSpeed's accumulation boundary itself
         self.auto_micro = str(tcfg["micro_batch_size"]) == "auto"
         self.colocated = rollout_placement(cfg["rollout"]) == "colocated"
+        self.engine_share = engine_memory_share(cfg["rollout"])  # what the colocated vLLM wakes up into
         self.grad_accum = micro_batches_per_minibatch(cfg, world_size)
         micro = per_rank_samples(cfg, world_size) if self.auto_micro else int(tcfg["micro_batch_size"])
         ds_cfg = deepspeed_config(tcfg, cfg["model"]["dtype"], self.grad_accum, world_size, micro)
@@ -130,6 +131,7 @@ class PolicyTrainer:
     def train_step(self, minibatches: list[list[Trajectory]], norms: list[tuple[int, int]]) -> dict:
         """Run every mini-batch (this rank's share) with one optimizer step each; return metric sums."""
         sums: dict[str, float] = defaultdict(float)
+        stat_sums = TrainStatSums()  # on the GPU until the step is done (no wait for the GPU per micro-batch)
         self.engine.train()
         layout = "packed" if self.packed else "padded"
         if self.auto_micro:
@@ -158,12 +160,13 @@ class PolicyTrainer:
                     self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
                 self.engine.step()
                 routing = (int(replay.mismatch_count), int(replay.total_count))
-                accumulate_train_stats(sums, batch, out, stats, routing, first_minibatch=mb_index == 0)
+                stat_sums.add(batch, out, stats, routing, first_minibatch=mb_index == 0)
             sums["grad_norm"] += float(self.engine.get_global_grad_norm() or 0.0)
             sums["optimizer_steps"] += 1
         sums["lr"] = float(self.engine.get_lr()[0])
+        sums.update(stat_sums.totals())
         if self.colocated:
-            release_cached_memory(self.engine.device)
+            release_cached_memory(self.engine.device, self.engine_share)
         return dict(sums)
 
     def _set_checkpointing(self, on: bool) -> None:

@@ -1,0 +1,130 @@
+"""What keeps the train phase from waiting on the CPU: metric sums stay on the device until the step ends, host ->
+GPU copies do not block, and the allocator's cache is handed back only when a colocated vLLM needs the room."""
+
+import numpy as np
+import pytest
+import torch
+
+from rl.config import engine_memory_share
+from rl.losses import grpo_loss
+from rl.metrics import TrainStatSums, trainer_metrics
+from rl.trajectory import Trajectory, collate, host_to_device
+from trainer import dist
+from trainer.forward import ForwardOut
+
+
+def _batch(seed=0):
+    rng = np.random.default_rng(seed)
+    trajs = []
+    for i, (domain, kl) in enumerate([("math", 0.0), ("code", 0.1), ("math", 0.0), ("code", 0.1), ("general", 0.2)]):
+        R = int(rng.integers(2, 6))
+        t = Trajectory(uid=f"u{i}", group_id=f"g{i}", domain=domain, prompt_ids=[1, 2, 3],
+                       response_ids=rng.integers(4, 50, R), inference_logprobs=rng.normal(-1.0, 0.3, R).astype(np.float32),
+                       advantage=float(rng.normal()))
+        t.kl_coef, t.opsm_delta = kl, 0.05
+        t.ref_logprobs = rng.normal(-1.0, 0.3, R).astype(np.float32)
+        trajs.append(t)
+    batch = collate(trajs, pad_id=0)
+    batch.ref_logprobs = torch.tensor(np.concatenate([t.ref_logprobs for t in trajs]))
+    logprobs = batch.inference_logprobs + torch.tensor(rng.normal(0, 0.3, len(batch.targets)), dtype=torch.float32)
+    _, stats = grpo_loss(logprobs, batch.inference_logprobs, batch.ref_logprobs, batch.seq_index, batch.loss_mask,
+                         batch.advantages, batch.kl_coef, batch.opsm_delta, eps_low=0.2, eps_high=0.28,
+                         norm_seqs=5, norm_tokens=int(batch.loss_mask.sum()))
+    entropy = torch.rand(len(batch.targets))
+    return batch, ForwardOut(logprobs, entropy, entropy), stats
+
+
+def _reference_sums(batch, out, stats) -> dict:
+    """The sums read one value at a time (what the trainer did before TrainStatSums)."""
+    mask, s = batch.loss_mask, {}
+    s["tokens"] = float(mask.sum())
+    s["loss/pg"], s["loss/kl"], s["clip_tokens"] = map(float, (stats["pg_loss"], stats["kl_loss"], stats["clip_tok_sum"]))
+    s["entropy_sum"] = float((out.entropy * mask).sum())
+    s["mismatch_abs_sum"] = float(((batch.inference_logprobs - out.logprobs).abs() * mask).sum())
+    for i, d in enumerate(batch.domains):
+        s[f"seqs/{d}"] = s.get(f"seqs/{d}", 0) + 1
+        s[f"opsm_masked/{d}"] = s.get(f"opsm_masked/{d}", 0) + float(not bool(stats["opsm_keep"][i]))
+        if float(batch.kl_coef[i]) > 0:
+            s[f"kl_sum/{d}"] = s.get(f"kl_sum/{d}", 0) + float(stats["kl_seq"][i])
+    return s
+
+
+def test_train_stat_sums_read_nothing_back_until_the_step_ends(monkeypatch):
+    """add() never turns a tensor into a Python value (each would wait for the GPU); totals() equals the sums read one
+    value at a time, per domain too, over two micro-batches."""
+    parts = [_batch(0), _batch(1)]
+    sums = TrainStatSums()
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a tensor was read back to the host during add()")
+
+    with monkeypatch.context() as m:
+        for name in ("item", "tolist", "__float__", "__bool__", "__int__", "cpu", "numpy"):
+            m.setattr(torch.Tensor, name, refuse)
+        for i, (batch, out, stats) in enumerate(parts):
+            sums.add(batch, out, stats, (3, 10), first_minibatch=i == 0)
+    got = sums.totals()
+    want: dict = {}
+    for i, (batch, out, stats) in enumerate(parts):
+        for k, v in _reference_sums(batch, out, stats).items():
+            if k == "mismatch_abs_sum" and i > 0:
+                continue
+            want[k] = want.get(k, 0.0) + v
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+    assert got["routing_mismatch"] == 3 and got["routing_total"] == 10  # the first mini-batch only
+    assert got["kl_seqs/code"] == 4 and got["kl_seqs/math"] == 0 and got["kl_sum/math"] == 0.0
+    m = trainer_metrics([got], ["math", "code", "general"], 1)
+    assert m["opsm/masked_frac"] == pytest.approx(sum(want.get(f"opsm_masked/{d}", 0) for d in ("math", "code", "general")) / 10)
+    assert m["kl/math"] is None and m["kl/code"] == pytest.approx(want["kl_sum/code"] / 4, rel=1e-5)
+
+
+def test_host_to_device_on_cpu_is_a_plain_copy():
+    t = torch.arange(5)
+    assert host_to_device(t, "cpu") is t.to("cpu")
+    batch, _, _ = _batch()
+    assert torch.equal(batch.to("cpu").targets, batch.targets)
+
+
+class _FakeCuda:
+    def __init__(self, free, total):
+        self.free, self.total, self.emptied = free, total, 0
+
+    def mem_get_info(self, device):
+        return self.free, self.total
+
+    def empty_cache(self):
+        self.emptied += 1
+
+
+@pytest.mark.parametrize("free_gib, share, released", [
+    (40, 0.3, False),  # 24 GiB + the margin fit already: the cache stays
+    (25, 0.3, True),   # 24 GiB fit but not the margin: handed back
+    (10, 0.3, True),
+    (79, None, True),  # no known share (the transformers engine): always handed back
+])
+def test_the_cache_is_handed_back_only_when_vllm_needs_the_room(monkeypatch, free_gib, share, released):
+    fake = _FakeCuda(free_gib << 30, 80 << 30)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", fake.mem_get_info)
+    monkeypatch.setattr(torch.cuda, "empty_cache", fake.empty_cache)
+    assert dist.release_cached_memory("cuda:0", share) is released
+    assert fake.emptied == int(released)
+    assert dist.release_cached_memory("cpu", share) is False and fake.emptied == int(released)
+
+
+def test_engine_memory_share_is_vllms_gpu_memory_utilization():
+    assert engine_memory_share({"engine": "vllm", "gpu_memory_utilization": 0.3}) == 0.3
+    assert engine_memory_share({"engine": "auto", "gpu_memory_utilization": 0.4}) == 0.4
+    assert engine_memory_share({"engine": "hf", "gpu_memory_utilization": 0.4}) is None
+    assert engine_memory_share({"engine": "vllm"}) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_batch_reaches_the_gpu_whole_without_blocking_copies():
+    batch, out, stats = _batch()
+    want = {k: v.clone() for k, v in vars(batch).items() if isinstance(v, torch.Tensor)}
+    gpu = batch.to("cuda")
+    torch.cuda.synchronize()
+    for k, v in want.items():
+        assert getattr(gpu, k).is_cuda and torch.equal(getattr(gpu, k).cpu(), v), k

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from collections import OrderedDict
 from typing import Any, Mapping
 
@@ -83,11 +84,12 @@ class RewardWorker:
                 rest.append(t)
         for group in {t.group_id for t in trajs}:  # each group is scored once; what was not used is stale
             self._early.pop(group, None)
+        t0 = time.perf_counter()
         if rest:
             self.composer.score(rest)  # in place
         if len(rest) < len(trajs):
-            logger.info("reward worker: %d of %d samples were scored during generation", len(trajs) - len(rest),
-                        len(trajs))
+            logger.info("reward worker: %d of %d samples were scored during generation, the other %d now in %.2f s",
+                        len(trajs) - len(rest), len(trajs), len(rest), time.perf_counter() - t0)
         return trajs
 
     def early_stats(self) -> dict:

@@ -66,6 +66,25 @@ def test_packed_batch_equals_the_padded_one(family, request):
         assert rp_pack.total_count == rp_pad.total_count > 0 and rp_pack.mismatch_count == rp_pad.mismatch_count
 
 
+@pytest.mark.parametrize("family", ["tiny_dense_path", "tiny_moe_path"])
+def test_right_padded_rows_need_no_padding_mask(family, request):
+    """The padded batch is run without an attention mask (causal model, right padding): each sample's logprobs and
+    entropies are the ones it gets alone in a batch of one, where there is no padding at all."""
+    trajs = _samples(request.getfixturevalue(family), record_routes=False)
+    moe = family == "tiny_moe_path"
+    model = load_causal_lm(request.getfixturevalue(family), "float32", "sdpa").eval()
+    model, tol = (model, 1e-5) if moe else (model.double(), 1e-10)
+    seen = []
+    hook = model.get_decoder().register_forward_pre_hook(lambda _m, _a, kw: seen.append(kw.get("attention_mask")),
+                                                         with_kwargs=True)
+    together = forward_logprobs(model, collate(trajs, pad_id=0), temperature=1.0, with_entropy=True)
+    hook.remove()
+    assert seen == [None]  # no mask built (the masked kernels are slower), and still:
+    alone = [forward_logprobs(model, collate([t], pad_id=0), temperature=1.0, with_entropy=True) for t in trajs]
+    torch.testing.assert_close(together.logprobs, torch.cat([a.logprobs for a in alone]), rtol=0, atol=tol)
+    torch.testing.assert_close(together.entropy, torch.cat([a.entropy for a in alone]), rtol=0, atol=tol)
+
+
 def test_without_position_ids_samples_would_see_each_other(tiny_dense_path):
     """The check above can fail: one row with plain causal attention (no restart) gives other logprobs."""
     trajs = _samples(tiny_dense_path, record_routes=False)

@@ -143,7 +143,10 @@ def forward_logprobs(
         # detects the packing only without a KV cache (use_cache=False)
         hidden = body(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).last_hidden_state
     else:
-        hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+        # No padding mask: rows are right-padded and the model is causal, so every scored position sees real tokens
+        # only, with or without one. A mask would cost a [B, 1, T, T] mask per layer and the masked attention kernels
+        # (the causal ones skip the blocks above the diagonal).
+        hidden = body(input_ids=batch.input_ids).last_hidden_state
     hidden = hidden.reshape(-1, hidden.shape[-1])[batch.logit_index]
     weight, bias = head.weight, getattr(head, "bias", None)
     if fp32_head and hidden.dtype in (torch.bfloat16, torch.float16):

@@ -144,8 +144,7 @@ def forward_logprobs(
         hidden = body(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).last_hidden_state
     else:
         # No padding mask: rows are right-padded and the model is causal, so every scored position sees real tokens
-        # only, with or without one. A mask would cost a [B, 1, T, T] mask per layer and the masked attention kernels
-        # (the causal ones skip the blocks above the diagonal).
+        # only, with or without one; none is built (on the 0.6B benchmark this measured the same speed either way).
         hidden = body(input_ids=batch.input_ids).last_hidden_state
     hidden = hidden.reshape(-1, hidden.shape[-1])[batch.logit_index]
     weight, bias = head.weight, getattr(head, "bias", None)

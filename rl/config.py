@@ -8,6 +8,8 @@ parameters, GPU shares, the model) is checked at start by `launch/config.py`, wh
 
 from __future__ import annotations
 
+import importlib.util
+
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -171,7 +173,10 @@ def rollout_placement(rcfg: Mapping) -> str:
 def engine_memory_share(rcfg: Mapping) -> float | None:
     """The share of the GPU a colocated vLLM takes when it wakes up (`rollout.gpu_memory_utilization`); None for the
     transformers engine, whose memory use is not bounded ahead."""
-    if str(rcfg.get("engine")) == "hf" or rcfg.get("gpu_memory_utilization") is None:
+    engine = str(rcfg.get("engine"))
+    if engine == "hf" or rcfg.get("gpu_memory_utilization") is None:
+        return None
+    if engine == "auto" and importlib.util.find_spec("vllm") is None:  # auto falls back to the transformers engine
         return None
     return float(rcfg["gpu_memory_utilization"])
 

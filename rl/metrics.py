@@ -148,12 +148,12 @@ class TrainStatSums:
         self.device: dict[str, torch.Tensor] = {}
 
     def _add(self, key: str, value: torch.Tensor) -> None:
-        value = value.detach().float()
+        value = value.detach().double()  # counts stay exact past 2^24 tokens
         self.device[key] = self.device[key] + value if key in self.device else value
 
     def add(self, batch, out, stats: dict, routing: tuple[int, int], first_minibatch: bool) -> None:
         """One micro-batch. `out` is the trainer's forward (logprobs = pi_theta, and the entropies), `stats` come from
-        the objective, `routing` is (mismatched, total) route slots from Keep Routing."""
+        the objective, `routing` is (mismatched, total) route slots from Keep Routing (ints or device tensors)."""
         mask = batch.loss_mask
         logprobs = out.logprobs.detach()
         tokens = mask.sum()
@@ -171,8 +171,11 @@ class TrainStatSums:
             # Same weights on both sides before the first update: the train/inference mismatch.
             self._add("mismatch_abs_sum", ((batch.inference_logprobs - logprobs).abs() * mask).sum())
             self._add("mismatch_tokens", tokens)
-            self.host["routing_mismatch"] += routing[0]
-            self.host["routing_total"] += routing[1]
+            for key, count in zip(("routing_mismatch", "routing_total"), routing):
+                if isinstance(count, torch.Tensor):
+                    self._add(key, count)
+                else:
+                    self.host[key] += count
         if "is_weight_sum" in stats:  # pi_old recomputed by the trainer: truncated importance weights
             self._add("is_weight_sum", stats["is_weight_sum"])
             self._add("is_clip_sum", stats["is_clip_sum"])
@@ -192,7 +195,8 @@ class TrainStatSums:
         if self.device:
             keys = list(self.device)
             values = torch.stack([self.device[k].reshape(()).to(torch.float64) for k in keys]).tolist()
-            out.update(zip(keys, values))
+            for k, v in zip(keys, values):  # a key can have both (Keep Routing's counts: ints or tensors)
+                out[k] = out.get(k, 0.0) + v
         return out
 
 

@@ -438,6 +438,11 @@ class RouteReplay(_Hooks):
     def total_count(self) -> int:
         return int(sum(int(t) for _, t in self._stats.values()))
 
+    def device_counts(self) -> tuple:
+        """(mismatch_count, total_count) as they are on the device (0 before any MoE layer ran): summing them needs
+        no wait for the GPU, unlike the properties, which read them."""
+        return (sum((m for m, _ in self._stats.values()), 0), sum((t for _, t in self._stats.values()), 0))
+
     @property
     def mismatch_frac(self) -> float:
         total = self.total_count

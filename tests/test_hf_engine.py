@@ -124,3 +124,67 @@ def test_next_token_logprobs(tiny_dense_path):
     for i, p in enumerate(prompts):
         full = torch.log_softmax(eng.model(torch.tensor([p])).logits[0, -1].float(), -1)
         assert np.allclose(lp[i], full[ids].detach().numpy(), atol=1e-5)
+
+
+# -- samples scored while the rest generate (RolloutWorker._single_turn) ----------------------------------------
+class _ReportingEngine:
+    """Returns n fixed samples per prompt, reporting some of them during `generate` on a given schedule."""
+
+    def __init__(self, schedule):
+        self.schedule = schedule  # reports: [[(prompt index, [sample index, ...]), ...], ...]
+
+    def generate(self, prompts, sp, on_samples_done=None):
+        from rollout.sampling import Generation
+
+        groups = [[Generation(np.array([10 * i + j, 7], np.int32), np.zeros(2, np.float32), "stop")
+                   for j in range(sp.n)] for i in range(len(prompts))]
+        for report in self.schedule if on_samples_done else ():
+            on_samples_done([(i, [groups[i][j] for j in js]) for i, js in report])
+        return groups
+
+
+class _Tokenizer:
+    eos_token = pad_token = None
+
+    def __init__(self):
+        self.decoded = 0
+
+    def decode(self, ids, skip_special_tokens=False):
+        self.decoded += 1
+        return " ".join(map(str, ids))
+
+
+class _Scorer:
+    def __init__(self):
+        self.calls = []
+        self.prescore = self  # scorer.prescore.remote(...)
+
+    def remote(self, trajs):
+        self.calls.append(trajs)
+
+
+def _single_turn(schedule, monkeypatch, wait_s):
+    import rollout.worker as rw
+
+    monkeypatch.setattr(rw, "EARLY_WAIT_S", wait_s)
+    worker = rw.RolloutWorker.__new__(rw.RolloutWorker)
+    worker.engine, worker.tokenizer, worker.rank = _ReportingEngine(schedule), _Tokenizer(), 0
+    scorer = _Scorer()
+    reqs = [{"group_id": f"g{i}", "domain": "math", "prompt_ids": [1, i], "prompt_text": "q", "sample": {}}
+            for i in range(3)]
+    return worker._single_turn(reqs, SamplingParams(n=4), scorer), scorer, worker.tokenizer
+
+
+def test_samples_go_to_scoring_in_batches_of_up_to_n_and_are_decoded_once(monkeypatch):
+    schedule = [[(0, [0]), (1, [0])], [(0, [1, 2]), (2, [0])], [(1, [1])]]
+    trajs, scorer, tok = _single_turn(schedule, monkeypatch, wait_s=1e9)
+    # 2 waiting: kept; 5 waiting (>= n = 4): sent; 1 waiting at the end: left to `score`
+    assert [[(t.group_id, t.response_ids.tolist()) for t in call] for call in scorer.calls] == [
+        [("g0", [0, 7]), ("g1", [10, 7]), ("g0", [1, 7]), ("g0", [2, 7]), ("g2", [20, 7])]]
+    assert len(trajs) == 12 and tok.decoded == 12  # the texts decoded for scoring are reused
+    assert [t.response_text for t in trajs[:2]] == ["0 7", "1 7"] and trajs[1].uid == "g0-1"
+
+
+def test_samples_waiting_longer_than_the_wait_go_at_the_next_report(monkeypatch):
+    _, scorer, _ = _single_turn([[(0, [0])], [(1, [2])]], monkeypatch, wait_s=0.0)
+    assert [len(call) for call in scorer.calls] == [1, 1]

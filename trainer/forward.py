@@ -29,6 +29,9 @@ class _NoReplay(nullcontext):
     mismatch_count = 0
     total_count = 0
 
+    def device_counts(self) -> tuple[int, int]:
+        return 0, 0
+
     def __enter__(self):  # nullcontext would return None; callers read the counters from the context
         return self
 

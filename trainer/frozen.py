@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from rl.batching import micro_batches
-from rl.config import engine_memory_share, head_options, logprob_temperature, pack_sequences, rollout_placement
+from rl.config import head_options, logprob_temperature, pack_sequences, rollout_placement
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
 from trainer.dist import auto_micro_batch_counts, pick_device, release_cached_memory
@@ -41,7 +41,6 @@ class FrozenModel:
         self.packed = pack_sequences(cfg)
         self.head = head_options(cfg)
         self.colocated = rollout_placement(cfg["rollout"]) == "colocated"  # vLLM wakes up after us
-        self.engine_share = engine_memory_share(cfg["rollout"])
 
     def ready(self) -> bool:
         return True
@@ -60,7 +59,8 @@ class FrozenModel:
             for t, a, b in zip(chunk, bounds[:-1], bounds[1:]):
                 out[at[id(t)]] = logp[a:b]
         if self.colocated:
-            release_cached_memory(self.device, self.engine_share)
+            # always: the policy trains next in another process, which cannot take memory this one caches
+            release_cached_memory(self.device)
         return out
 
     def _chunks(self, trajs: list[Trajectory]) -> list[list[Trajectory]]:

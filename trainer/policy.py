@@ -159,7 +159,7 @@ class PolicyTrainer:
                         self.engine.set_gradient_accumulation_boundary(mc_index == len(micro) - 1)
                     self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
                 self.engine.step()
-                routing = (int(replay.mismatch_count), int(replay.total_count))
+                routing = replay.device_counts()  # read with the other sums, once the step is done
                 stat_sums.add(batch, out, stats, routing, first_minibatch=mb_index == 0)
             sums["grad_norm"] += float(self.engine.get_global_grad_norm() or 0.0)
             sums["optimizer_steps"] += 1

@@ -250,6 +250,20 @@ def test_a_tool_past_its_deadline_times_out_and_holds_the_session_until_it_retur
     assert s.state.slept == 1.0 and s.state.calls == 1  # the timed-out echo never ran
 
 
+def test_a_call_that_cannot_start_is_a_timeout_whichever_wait_ends_first(probe):
+    """The call waits `timeout` for the episode's lock, and its caller waits as long for the call: when the lock's
+    wait ends first the call has not run, and that must still read as a timeout (it read as an error)."""
+    env, s = probe
+    s._lock.acquire()  # an earlier call still runs
+    try:
+        for _ in range(40):
+            r = s.call("echo", {"text": "x"}, timeout_s=0.005)
+            assert r.status == "timeout" and "did not start" in r.content, r
+    finally:
+        s._lock.release()
+    assert s.call("echo", {"text": "later"}).content == "later" and s.state.calls == 1  # the others never ran
+
+
 def test_submit_twice_keeps_the_first(probe):
     env, s = probe
     assert s.submission is None

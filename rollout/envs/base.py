@@ -158,6 +158,7 @@ class Session:
         def work():
             try:
                 if not self._lock.acquire(timeout=wait):
+                    out["busy"] = True  # the caller's wait may end just after this one: it must see why
                     return
                 try:
                     if cancelled.is_set():
@@ -184,7 +185,8 @@ class Session:
                 done.set()
 
         threading.Thread(target=work, name=f"tool-{name}", daemon=True).start()
-        if not done.wait(wait):
+        finished = done.wait(wait)
+        if not finished or "busy" in out:
             cancelled.set()
             if self.state.db is not None:
                 self.state.db.interrupt()  # a query that runs away stops at its next step

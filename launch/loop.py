@@ -164,7 +164,8 @@ def evaluate(cluster: Cluster, evals: EvalPrompts, ev: dict, parts: dict, step: 
     overrides = {"n_samples": k, "temperature": ev.get("temperature"), "top_p": ev.get("top_p"),
                  "top_k": ev.get("top_k")}
     # sleep=False: the engine keeps the weights just synced for the next step's rollout (a level-2 sleep drops them)
-    # uids unique per evaluation, as training's are per step (rewards.worker matches early-scored samples by uid)
+    # group ids unique per evaluation, as training's are per step (rewards.worker matches early-scored samples by
+    # group id and response)
     requests = [{**r, "group_id": f"{r['group_id']}-step{step}"} for r in evals.requests]
     pending = cluster.submit_rollout(requests, 10**6 + step, overrides)
     trajs = cluster.collect_rollout(pending, sleep=False).collect()

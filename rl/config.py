@@ -9,7 +9,6 @@ parameters, GPU shares, the model) is checked at start by `launch/config.py`, wh
 from __future__ import annotations
 
 import importlib.util
-
 import math
 from collections.abc import Mapping
 from typing import Any

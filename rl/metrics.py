@@ -194,7 +194,7 @@ class TrainStatSums:
         out = dict(self.host)
         if self.device:
             keys = list(self.device)
-            values = torch.stack([self.device[k].reshape(()).to(torch.float64) for k in keys]).tolist()
+            values = torch.stack([self.device[k].reshape(()) for k in keys]).tolist()  # float64 (`_add`)
             for k, v in zip(keys, values):  # a key can have both (Keep Routing's counts: ints or tensors)
                 out[k] = out.get(k, 0.0) + v
         return out

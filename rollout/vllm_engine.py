@@ -75,11 +75,11 @@ def _one_request_per_sample(params, n_prompts: int, n: int):
     sample per prompt (prompt i's at positions i*n..i*n+n-1). vLLM runs a request for n samples as n requests of one
     anyway, the j-th seeded seed + j when seeded (vllm/v1/engine/parallel_sampling.py); sent as separate requests,
     each sample comes out of `LLMEngine.step` when it ends rather than with its whole group."""
-    per_prompt = params if isinstance(params, list) else [params] * n_prompts
-    if all(p.seed is None for p in per_prompt) and not isinstance(params, list):
+    if not isinstance(params, list) and params.seed is None:
         one = params.clone()
         one.n = 1
         return one  # unseeded: one shared SamplingParams
+    per_prompt = params if isinstance(params, list) else [params] * n_prompts
     out = []
     for p in per_prompt:
         for j in range(n):
@@ -89,6 +89,11 @@ def _one_request_per_sample(params, n_prompts: int, n: int):
                 q.seed = (p.seed + j) % (2**63)
             out.append(q)
     return out
+
+
+def _finish_reason(completion) -> str:
+    """Ours from vLLM's: "length" when the token budget ran out, "stop" otherwise (EOS, a stop token, an abort)."""
+    return "length" if completion.finish_reason == "length" else "stop"
 
 
 @dataclass
@@ -342,7 +347,7 @@ class VLLMEngine:
                 g = Generation(
                     response_ids=ids,
                     inference_logprobs=np.zeros(R, dtype=np.float32),
-                    finish_reason="length" if comp.finish_reason == "length" else "stop",
+                    finish_reason=_finish_reason(comp),
                 )
                 if comp.finish_reason not in ("length", "stop"):
                     log.warning("vLLM finished a request with %r; reported as 'stop'", comp.finish_reason)
@@ -519,7 +524,7 @@ def _watch_steps(engine, prompts: list[list[int]], per_request: int, on_samples_
                         continue
                     done.append((i, [Generation(response_ids=np.asarray(c.token_ids, dtype=np.int32),
                                                 inference_logprobs=np.zeros(len(c.token_ids), np.float32),
-                                                finish_reason="length" if c.finish_reason == "length" else "stop")
+                                                finish_reason=_finish_reason(c))
                                      for c in sorted(out.outputs, key=lambda c: c.index)]))
                 if done:
                     on_samples_done(done)

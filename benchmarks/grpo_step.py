@@ -93,12 +93,14 @@ def run(cmd: list[str], log: Path, timeout: float, gpus: int = 1) -> float:
     return time.perf_counter() - t0
 
 
-def run_ours(bench: str, path: str, out: Path, steps: int, timeout: float, run_name: str = "ours") -> Path:
+def run_ours(bench: str, path: str, out: Path, steps: int, timeout: float, run_name: str = "ours",
+             extra: tuple[str, ...] = ()) -> Path:
     name = f"{bench}-{run_name}"
     split = run_name == "ours_split"
     overrides = split_overrides(bench) if split else BENCHES[bench]["ours"]
     if run_name == "ours_compiled":
         overrides = overrides + COMPILED
+    overrides = overrides + list(extra)
     cmd = ours_command(out / name, steps, [f"model.path={path}", *overrides])
     wall = run(cmd, out / f"{name}.log", timeout, gpus=2 if split else 1)
     print(f"  {name.split('-', 1)[1]}: {wall:.0f} s wall", flush=True)
@@ -159,6 +161,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", default=["ours", "trl"], choices=RUNS)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run (a cut run keeps its steps)")
     ap.add_argument("--report", action="store_true", help="print the table of what --out holds, run nothing")
+    ap.add_argument("--override", nargs="*", default=[],
+                    help="more Hydra overrides for our runs, e.g. trainer.profile_step=3 (a profile of step 3)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -168,11 +172,11 @@ def main() -> None:
             print(f"{bench}: {path}", flush=True)
             for name in ("ours", "ours_compiled"):
                 if name in args.only:
-                    run_ours(bench, path, out, args.steps, args.timeout, name)
+                    run_ours(bench, path, out, args.steps, args.timeout, name, tuple(args.override))
             if "trl" in args.only:
                 run_trl(bench, path, out, args.steps, args.timeout)
             if "ours_split" in args.only:
-                run_ours(bench, path, out, args.steps, args.timeout, "ours_split")
+                run_ours(bench, path, out, args.steps, args.timeout, "ours_split", tuple(args.override))
             print(table(summaries(bench, out)), flush=True)
     print(table([s for b in args.bench for s in summaries(b, out)]))
 

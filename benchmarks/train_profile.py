@@ -59,7 +59,14 @@ def main() -> None:
     ap.add_argument("--override", nargs="*", default=[])
     ap.add_argument("--device", default="cuda", help="cpu: a check of this script")
     ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: top ops")
+    ap.add_argument("--bf16-partials", action="store_true",
+                    help="the LM head's weight gradient as before: a bf16 product per chunk, widened and added "
+                         "(rl.logprobs.add_outer's fallback), to compare with the float32-accumulating GEMM")
     args = ap.parse_args()
+    if args.bf16_partials:
+        import rl.logprobs
+
+        rl.logprobs._MIXED_ADDMM[0] = False
     if args.model == "smol":
         from rl.models import SMOLLM2, resolve_model_path
 
@@ -81,27 +88,35 @@ def main() -> None:
     trajs = trajectories(args.samples, args.prompt_len, args.min_len, args.len, AutoConfig.from_pretrained(path).vocab_size)
     norm = (len(trajs), int(sum(t.num_response_tokens for t in trajs)))
     tokens = sum(t.num_tokens for t in trajs)
+    from rl.flops import body_flops, peak_tflops
+
+    # perf/mfu's count (rl/flops.py): body FLOPs of forward + backward over every trained token
+    flops = sum(body_flops(AutoConfig.from_pretrained(path)).train(t.num_tokens) for t in trajs)
+    peak = peak_tflops(torch.cuda.get_device_name()) if cuda else None
     print(f"{args.model}: {args.samples} samples, {tokens} tokens, micro_batch_size {cfg['trainer']['micro_batch_size']}, "
           f"packed {tr.packed}, head {tr.head}, gradient checkpointing {cfg['trainer']['gradient_checkpointing']}, "
           f"{torch.cuda.get_device_name() if cuda else 'cpu'}", flush=True)
     for step in range(args.steps):
         sync()
         t0 = time.perf_counter()
-        tr.train_step([trajs], [norm])
+        sums = tr.train_step([trajs], [norm])
         sync()
         dt = time.perf_counter() - t0
-        peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
-        print(f"step {step}: {dt:.3f} s ({tokens / dt:,.0f} tokens/s), peak {peak:.1f} GiB", flush=True)
-    if args.profile:
+        mfu = f", MFU {100 * flops / dt / 1e12 / peak:.1f}%" if peak else ""
+        mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+        print(f"step {step}: {dt:.3f} s ({tokens / dt:,.0f} tokens/s{mfu}), {sums['micro_batches']:.0f} micro-batches, "
+              f"peak memory {mem:.1f} GiB", flush=True)
+    if args.profile:  # the tables a run writes with trainer.profile_step (trainer/profiling.py)
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        from trainer.profiling import profile_tables
+
+        t0 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []),
+                     record_shapes=True) as prof:
             tr.train_step([trajs], [norm])
             sync()
-        ka = prof.key_averages()
-        if cuda:
-            print(ka.table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=60))
-        print(ka.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
+        print(profile_tables(prof, cuda, time.perf_counter() - t0))
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def train(cfg: dict) -> dict:
         candidates = find_resume(t["resume"], run_dir)
         write_config(run_dir, cfg)
         start_ray(cfg["ray"], run_dir, cfg["logger"])
-        cluster = Cluster(cfg, model_path)
+        cluster = Cluster({**cfg, "run_dir": str(run_dir)}, model_path)  # actors write there (trainer.profile_step)
         start = resume(cluster, mixture, candidates)
         tracker = Tracker(cfg, run_dir, total, start, resume=bool(candidates), launched=launched)
         peak = resolve_peak_tflops(t.get("peak_tflops"), cluster.trainer_device_name())

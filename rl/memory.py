@@ -15,7 +15,9 @@ the fit) and fitted as
 with h the hidden size, h_kv = kv heads x head dim, I_active the MLP width a token goes through (the dense MLP's
 intermediate size, or k x the expert width plus shared experts), k the experts per token and E the experts.
 32-bit activations take twice as much. The LM head's log-softmax runs in chunks (`trainer.logprob_chunk_size`):
-about 3 x chunk x vocab x 4 bytes (float32 logits, their softmax and gradient) on top, whatever the micro-batch.
+about 3 x chunk x vocab x 4 bytes (float32 logits, their softmax and gradient) on top, whatever the micro-batch;
+compiled (`trainer.compile`), 5 bytes per logit (`head_logit_bytes`: the 16-bit logits and their gradient, the
+float32 math fused into passes over them, a kept-set mask).
 The fit is within ~10% of the measured dense configs and ~5% of the MoE; `should_checkpoint` keeps a 20% margin.
 
 The same estimate sizes micro-batches for `trainer.micro_batch_size=auto`: `max_tokens_within` is the most
@@ -49,8 +51,21 @@ def _layer_bytes_16bit(config) -> tuple[float, float]:
     return dense, moe
 
 
+# Bytes per [chunk, vocab] logit the LM head holds at once: eager (float32 logits, softmax and gradient)
+HEAD_BYTES_EAGER = 12
+
+
+def head_logit_bytes(head: dict) -> int:
+    """Bytes per [chunk, vocab] logit of the head set up by `head` (`rl.config.head_options`): eager, or compiled
+    (the logits and their gradient in the head's dtype, the float32 math fused into passes over them, a kept-set
+    mask)."""
+    if not head.get("compiled"):
+        return HEAD_BYTES_EAGER
+    return 2 * (4 if head.get("fp32_head") else 2) + 1
+
+
 def activation_bytes(config, tokens: int, dtype_bytes: int = 2, checkpointing: bool = False,
-                     head_chunk: int = 1024) -> int:
+                     head_chunk: int = 1024, head_bytes: int = HEAD_BYTES_EAGER) -> int:
     """Peak bytes of what one micro-batch of `tokens` positions keeps for backward (see the module docstring)."""
     h, layers = config_get(config, "hidden_size"), config_get(config, "num_hidden_layers")
     try:
@@ -64,7 +79,7 @@ def activation_bytes(config, tokens: int, dtype_bytes: int = 2, checkpointing: b
     else:
         per_token = sum(per_layer)
     scale = max(dtype_bytes, 2) / 2
-    head = 3 * min(head_chunk, tokens) * config_get(config, "vocab_size", default=0) * 4
+    head = head_bytes * min(head_chunk, tokens) * config_get(config, "vocab_size", default=0)
     return int(scale * (per_token + 6 * h) * tokens + head)
 
 
@@ -74,16 +89,17 @@ def micro_batch_tokens(trajs, packed: bool) -> int:
     return sum(lengths) if packed else len(lengths) * max(lengths, default=0)
 
 
-def max_tokens_within(config, budget_bytes: float, dtype_bytes: int = 2, head_chunk: int = 1024) -> int:
+def max_tokens_within(config, budget_bytes: float, dtype_bytes: int = 2, head_chunk: int = 1024,
+                      head_bytes: int = HEAD_BYTES_EAGER) -> int:
     """The most positions one micro-batch may hold for its activations (`activation_bytes`, no recomputation) to
     stay within `budget_bytes`; at least 1."""
     lo, hi = 1, 1
-    while activation_bytes(config, hi * 2, dtype_bytes, False, head_chunk) <= budget_bytes and hi < 2**40:
+    while activation_bytes(config, hi * 2, dtype_bytes, False, head_chunk, head_bytes) <= budget_bytes and hi < 2**40:
         hi *= 2
     hi *= 2
     while lo < hi:  # the largest t with activation_bytes(t) <= budget (activation_bytes grows with t)
         mid = (lo + hi + 1) // 2
-        if activation_bytes(config, mid, dtype_bytes, False, head_chunk) <= budget_bytes:
+        if activation_bytes(config, mid, dtype_bytes, False, head_chunk, head_bytes) <= budget_bytes:
             lo = mid
         else:
             hi = mid - 1

@@ -235,3 +235,48 @@ def test_compiled_head_in_low_precision_stays_close_to_float64(dtype, offset):
         err_eager = (low[0][k].double() - exact[k]).abs().max()
         err_fused = (low[1][k].double() - exact[k]).abs().max()
         assert low[1][k].dtype == torch.float32 and err_fused <= max(2 * err_eager, 1e-5), k
+
+
+def test_add_outer_sums_chunks_into_the_float32_gradient():
+    """The head's weight gradient over chunks (acc += dz^T h per chunk): float64 inputs exactly, bf16 inputs into a
+    float32 sum (CPU: the widened-product fallback)."""
+    from rl.logprobs import add_outer
+
+    g = torch.Generator().manual_seed(3)
+    dz = [torch.randn(16, 40, generator=g, dtype=D) for _ in range(3)]
+    h = [torch.randn(16, 8, generator=g, dtype=D) for _ in range(3)]
+    want = sum(a.t() @ b for a, b in zip(dz, h))
+    acc = torch.zeros(40, 8, dtype=D)
+    for a, b in zip(dz, h):
+        add_outer(acc, a, b)
+    torch.testing.assert_close(acc, want, rtol=0, atol=1e-12)
+    acc32 = torch.zeros(40, 8, dtype=torch.float32)
+    for a, b in zip(dz, h):
+        add_outer(acc32, a.bfloat16(), b.bfloat16())
+    assert acc32.dtype == torch.float32
+    torch.testing.assert_close(acc32.double(), want, rtol=0.05, atol=0.1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_add_outer_accumulates_inside_the_gemm_on_cuda():
+    """On CUDA the bf16 GEMM adds into the float32 sum itself (torch.addmm out_dtype): no bf16 partial product, so
+    the sum of many chunks stays as close to float64 as float32 allows; the fallback rounds every partial to bf16."""
+    import rl.logprobs as lp
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    V, H, c, chunks = 4096, 256, 1024, 8
+    dz = [torch.randn(c, V, generator=g, device="cuda").bfloat16() for _ in range(chunks)]
+    h = [torch.randn(c, H, generator=g, device="cuda").bfloat16() for _ in range(chunks)]
+    want = sum(a.double().t() @ b.double() for a, b in zip(dz, h))
+    errors = {}
+    for mixed in (True, False):
+        lp._MIXED_ADDMM[0] = mixed
+        acc = torch.zeros(V, H, device="cuda")
+        for a, b in zip(dz, h):
+            lp.add_outer(acc, a, b)
+        errors[mixed] = float((acc.double() - want).abs().max() / want.abs().max())
+        if mixed:
+            assert lp._MIXED_ADDMM[0], "torch.addmm(out_dtype=float32) was refused on this GPU"
+    lp._MIXED_ADDMM[0] = True
+    assert errors[True] < 1e-5 < errors[False], errors

@@ -87,3 +87,19 @@ def test_max_tokens_within_inverts_the_estimate():
             t = max_tokens_within(config, budget, dtype_bytes, chunk)
             assert t == 1 or activation_bytes(config, t, dtype_bytes, head_chunk=chunk) <= budget
             assert activation_bytes(config, t + 1, dtype_bytes, head_chunk=chunk) > budget
+
+
+def test_the_compiled_head_is_counted_at_its_own_bytes_per_logit():
+    """trainer.compile: the head holds its 16-bit logits and their gradient (and a kept-set mask), not float32 ones,
+    so auto micro-batches get the room the eager estimate would leave unused."""
+    from rl.memory import HEAD_BYTES_EAGER, head_logit_bytes, max_tokens_within
+
+    assert head_logit_bytes({"compiled": False}) == HEAD_BYTES_EAGER == 12
+    assert head_logit_bytes({"compiled": True, "fp32_head": False}) == 5
+    assert head_logit_bytes({"compiled": True, "fp32_head": True}) == 9
+    config = AutoConfig.for_model(**SHAPES["qwen3"], num_hidden_layers=4)
+    body = activation_bytes(config, 8192, head_chunk=0)
+    assert activation_bytes(config, 8192, head_chunk=4096, head_bytes=5) == body + 5 * 4096 * 1000
+    budget = activation_bytes(config, 8192, head_chunk=4096)
+    assert max_tokens_within(config, budget, 2, 4096) == 8192
+    assert max_tokens_within(config, budget, 2, 4096, head_bytes=5) > 8192

@@ -81,6 +81,7 @@ def test_a_run_dir_holds_one_run(tmp_path):
     ("rollout.max_staleness=2", r"rollout\.max_staleness=2: use 0 .* or 1"),
     ("trainer.pack_sequences=yes", r"trainer\.pack_sequences must be one of"),
     ("trainer.gradient_checkpointing=sometimes", r"trainer\.gradient_checkpointing must be one of"),
+    ("trainer.profile_step=-1", r"trainer\.profile_step"),
     ("domains.agent.agent.max_turns=two", r"domains\.agent\.agent: max_turns='two': expected a positive number"),
     ("domains.agent.agent.max_turns=2.5", r"domains\.agent\.agent: max_turns=2\.5"),
     ("domains.agent.agent.thinking=3", r"domains\.agent\.agent: thinking=3: expected true or false"),

@@ -259,3 +259,23 @@ def test_compiled_layers_train_like_eager_ones(setup, tiny_dense_path):
         np.testing.assert_allclose(a, b, atol=1e-4)
     with pytest.raises(ValueError, match="dense models"):
         compile_layers(FrozenModel(cfg, moe_path).model)
+
+
+def test_profile_step_writes_one_report_at_that_step(setup, tmp_path):
+    """trainer.profile_step=2: the second train step (and only it) runs under torch.profiler and writes its tables
+    and trace to run_dir/profile/."""
+    cfg, trajs, path = setup
+    cfg = copy.deepcopy(cfg)
+    cfg["trainer"]["profile_step"] = 2
+    cfg["run_dir"] = str(tmp_path)
+    tr = PolicyTrainer(cfg, path, 0, 1, "127.0.0.1", _port())
+    norms = [(len(trajs), int(sum(t.num_response_tokens for t in trajs)))]
+    tr.train_step([trajs], norms)
+    assert not (tmp_path / "profile").exists()
+    tr.train_step([trajs], norms)
+    report = (tmp_path / "profile" / "train_step2_rank0.txt").read_text()
+    assert "wall time:" in report and "top 25 by CPU time" in report and "aten::mm" in report
+    assert (tmp_path / "profile" / "train_step2_rank0.json.gz").stat().st_size > 0
+    tr.train_step([trajs], norms)
+    assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["train_step2_rank0.json.gz",
+                                                                       "train_step2_rank0.txt"]

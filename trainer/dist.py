@@ -10,7 +10,7 @@ import socket
 import torch
 
 from rl.batching import micro_batch_count
-from rl.memory import max_tokens_within
+from rl.memory import head_logit_bytes, max_tokens_within
 from rl.models import torch_dtype
 
 
@@ -124,12 +124,13 @@ def release_cached_memory(device, engine_share: float | None = None) -> bool:
 
 
 def auto_micro_batch_counts(batches: list[list], layout: str, device, model_config, dtype: str,
-                            head_chunk: int) -> list[int]:
+                            head: dict) -> list[int]:
     """trainer.micro_batch_size=auto: for each batch the fewest micro-batches (`rl.batching.micro_batch_count`)
     whose activations (rl/memory.py) fit AUTO_MICRO_BATCH_MEMORY of the GPU memory free now (a colocated vLLM is
     asleep); AUTO_MICRO_BATCH_CPU samples each on CPU."""
     free = free_memory_bytes(device)
     if free is None:
         return [-(-len(b) // AUTO_MICRO_BATCH_CPU) for b in batches]
-    budget = max_tokens_within(model_config, AUTO_MICRO_BATCH_MEMORY * free, torch_dtype(dtype).itemsize, head_chunk)
+    budget = max_tokens_within(model_config, AUTO_MICRO_BATCH_MEMORY * free, torch_dtype(dtype).itemsize,
+                               int(head["chunk_size"]), head_logit_bytes(head))
     return [micro_batch_count(b, budget, layout) for b in batches]

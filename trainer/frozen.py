@@ -72,5 +72,5 @@ class FrozenModel:
         if str(size) != "auto":
             return micro_batches(trajs, -(-len(trajs) // int(size)), layout)
         (n,) = auto_micro_batch_counts([trajs], layout, self.device, self.model.config, self.cfg["model"]["dtype"],
-                                       int(self.head["chunk_size"]))
+                                       self.head)
         return micro_batches(trajs, n, layout)

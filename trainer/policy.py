@@ -18,7 +18,7 @@ import torch
 
 from rl.batching import micro_batches, micro_batches_per_minibatch, per_rank_samples
 from rl.config import engine_memory_share, head_options, logprob_temperature, pack_sequences, rollout_placement
-from rl.memory import activation_bytes, micro_batch_tokens, should_checkpoint
+from rl.memory import activation_bytes, head_logit_bytes, micro_batch_tokens, should_checkpoint
 from rl.metrics import TrainStatSums
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
@@ -27,6 +27,7 @@ from trainer.dist import (
     release_cached_memory,
 )
 from trainer.forward import ForwardOut, PolicyForward, compile_layers, logit_scale, route_replay
+from trainer.profiling import profiled
 from trainer.objectives import OBJECTIVES
 
 
@@ -118,6 +119,7 @@ class PolicyTrainer:
         self.temperature = logprob_temperature(cfg["rollout"]) / scale
         self.head = head_options(cfg)  # chunk size, float32 head, support-only head
         self.packed = pack_sequences(cfg)  # one unpadded row per micro-batch (trainer.pack_sequences)
+        self.profile_step, self.steps_run = int(tcfg.get("profile_step") or 0), 0
 
     def ready(self) -> int:
         return self.rank
@@ -129,7 +131,16 @@ class PolicyTrainer:
 
     # -- one rollout batch ------------------------------------------------------------------------------------
     def train_step(self, minibatches: list[list[Trajectory]], norms: list[tuple[int, int]]) -> dict:
-        """Run every mini-batch (this rank's share) with one optimizer step each; return metric sums."""
+        """Run every mini-batch (this rank's share) with one optimizer step each; return metric sums. The
+        `trainer.profile_step`-th call runs under torch.profiler (trainer/profiling.py)."""
+        self.steps_run += 1
+        out = None
+        if self.steps_run == self.profile_step and self.cfg.get("run_dir"):
+            out = Path(self.cfg["run_dir"]) / "profile" / f"train_step{self.steps_run}_rank{self.rank}"
+        with profiled(out, self.engine.device):
+            return self._train_step(minibatches, norms)
+
+    def _train_step(self, minibatches: list[list[Trajectory]], norms: list[tuple[int, int]]) -> dict:
         sums: dict[str, float] = defaultdict(float)
         stat_sums = TrainStatSums()  # on the GPU until the step is done (no wait for the GPU per micro-batch)
         self.engine.train()
@@ -185,7 +196,7 @@ class PolicyTrainer:
         (`trainer.dist.auto_micro_batch_counts`). Every rank runs the same count (the largest any rank needs: ZeRO
         reduces gradients every micro-step)."""
         counts = auto_micro_batch_counts(minibatches, layout, self.engine.device, self.model.config,
-                                         self.cfg["model"]["dtype"], int(self.head["chunk_size"]))
+                                         self.cfg["model"]["dtype"], self.head)
         if self.world_size > 1:
             n = torch.tensor(counts + [-len(t) for t in minibatches], device=self.engine.device, dtype=torch.long)
             torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
@@ -201,7 +212,8 @@ class PolicyTrainer:
             return self._set_checkpointing(False)
         tokens = max(micro_batch_tokens(chunk, self.packed) for micro in plan for chunk in micro)
         dtype_bytes = torch_dtype(self.cfg["model"]["dtype"]).itemsize
-        need = activation_bytes(self.model.config, tokens, dtype_bytes, False, int(self.head["chunk_size"]))
+        need = activation_bytes(self.model.config, tokens, dtype_bytes, False, int(self.head["chunk_size"]),
+                                head_logit_bytes(self.head))
         on = torch.tensor([float(should_checkpoint(need, free))], device=self.engine.device)
         if self.world_size > 1:  # one choice for all ranks: ZeRO-3's recompute gathers parameters again (collectives)
             torch.distributed.all_reduce(on, op=torch.distributed.ReduceOp.MAX)

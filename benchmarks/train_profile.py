@@ -59,6 +59,8 @@ def main() -> None:
     ap.add_argument("--override", nargs="*", default=[])
     ap.add_argument("--device", default="cuda", help="cpu: a check of this script")
     ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: top ops")
+    ap.add_argument("--trace", help="with --profile: write the Chrome/Perfetto trace there (.json.gz: gzipped; "
+                                    "benchmarks/trace_gaps.py reads it)")
     ap.add_argument("--bf16-partials", action="store_true",
                     help="the LM head's weight gradient as before: a bf16 product per chunk, widened and added "
                          "(rl.logprobs.add_outer's fallback), to compare with the float32-accumulating GEMM")
@@ -117,6 +119,8 @@ def main() -> None:
             tr.train_step([trajs], [norm])
             sync()
         print(profile_tables(prof, cuda, time.perf_counter() - t0))
+        if args.trace:
+            prof.export_chrome_trace(args.trace)
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ def test_train_stat_sums_read_nothing_back_until_the_step_ends(monkeypatch):
 
 class _FakeCuda:
     def __init__(self, free, total):
-        self.free, self.total, self.emptied = free, total, 0
+        self.free, self.total, self.emptied, self.handed = free, total, 0, []
 
     def mem_get_info(self, device):
         return self.free, self.total
@@ -98,20 +98,48 @@ class _FakeCuda:
     def empty_cache(self):
         self.emptied += 1
 
+    def hand_back(self, device, missing):
+        self.handed.append(missing)
 
-@pytest.mark.parametrize("free_gib, share, released", [
-    (40, 0.3, False),  # 24 GiB + the margin fit already: the cache stays
-    (25, 0.3, True),   # 24 GiB fit but not the margin: handed back
-    (10, 0.3, True),
-    (79, None, True),  # no known share (the transformers engine): always handed back
+
+@pytest.mark.parametrize("free_gib, share, missing_gib", [
+    (40, 0.3, None),  # 24 GiB + the margin fit already: the cache stays
+    (25, 0.3, 1),     # 24 GiB fit but not the 2 GiB margin: 1 GiB goes back
+    (10, 0.3, 16),
+    (79, None, "all"),  # no known share (the transformers engine): the whole cache, always
 ])
-def test_the_cache_is_handed_back_only_when_vllm_needs_the_room(monkeypatch, free_gib, share, released):
+def test_the_cache_is_handed_back_only_as_far_as_vllm_needs_the_room(monkeypatch, free_gib, share, missing_gib):
     fake = _FakeCuda(free_gib << 30, 80 << 30)
     monkeypatch.setattr(torch.cuda, "mem_get_info", fake.mem_get_info)
     monkeypatch.setattr(torch.cuda, "empty_cache", fake.empty_cache)
-    assert dist.release_cached_memory("cuda:0", share) is released
-    assert fake.emptied == int(released)
-    assert dist.release_cached_memory("cpu", share) is False and fake.emptied == int(released)
+    monkeypatch.setattr(dist, "hand_back", fake.hand_back)
+    assert dist.release_cached_memory("cuda:0", share) is (missing_gib is not None)
+    assert fake.emptied == (missing_gib == "all")
+    want = [] if missing_gib in (None, "all") else [int((share * 80 + 2 - free_gib) * 2**30)]
+    assert [pytest.approx(x, abs=1) for x in want] == fake.handed
+    assert dist.release_cached_memory("cpu", share) is False and fake.emptied == (missing_gib == "all")
+
+
+def test_the_largest_free_segments_go_back_first():
+    assert dist.segments_to_keep([2, 20, 8, 4], 0) == [20, 8, 4, 2]
+    assert dist.segments_to_keep([2, 20, 8, 4], 1) == [8, 4, 2]
+    assert dist.segments_to_keep([2, 20, 8, 4], 21) == [4, 2]
+    assert dist.segments_to_keep([2, 20, 8, 4], 100) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_hand_back_frees_what_is_missing_and_keeps_the_rest_cached():
+    torch.cuda.empty_cache()
+    mib = 2**20
+    blocks = [torch.empty(n * mib, dtype=torch.uint8, device="cuda") for n in (512, 256, 128, 64)]
+    del blocks  # four free segments in the cache now
+    reserved = torch.cuda.memory_reserved()
+    free = torch.cuda.mem_get_info()[0]
+    dist.hand_back("cuda", 300 * mib)  # the 512 MiB segment covers it
+    assert torch.cuda.mem_get_info()[0] - free >= 300 * mib
+    assert reserved - torch.cuda.memory_reserved() == 512 * mib  # the other three stay cached
+    torch.cuda.empty_cache()
 
 
 def test_engine_memory_share_is_vllms_gpu_memory_utilization():

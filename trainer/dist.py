@@ -106,21 +106,52 @@ WAKE_MARGIN_BYTES = 2 << 30
 
 
 def release_cached_memory(device, engine_share: float | None = None) -> bool:
-    """Hand the memory torch's allocator caches back to the GPU when a colocated vLLM (asleep now) would otherwise not
+    """Hand memory torch's allocator caches back to the GPU when a colocated vLLM (asleep now) would otherwise not
     find room to wake up into: `engine_share` (rollout.gpu_memory_utilization) of the GPU plus WAKE_MARGIN_BYTES.
-    When that much is free already the cache stays: handing it back frees every cached block (a cudaFree each,
-    which waits for the GPU) and the next step allocates them all again (a cudaMalloc each; together ~0.17 s of
-    CPU a step on the 0.6B benchmark, benchmarks/README.md). engine_share None: always hand it back. Returns whether
-    it did."""
+    Only what is missing goes back (`hand_back`): each cached segment handed back is a cudaFree, which waits for the
+    GPU, and the next step allocates it again with a cudaMalloc (handing the whole cache back cost ~0.13 s of CPU a
+    step on the 0.6B benchmark, benchmarks/README.md). engine_share None: the whole cache. Returns whether it
+    handed anything back."""
     device = torch.device(device)
     if device.type != "cuda":
         return False
-    if engine_share is not None:
-        free, total = torch.cuda.mem_get_info(device)
-        if free >= engine_share * total + WAKE_MARGIN_BYTES:
-            return False
-    torch.cuda.empty_cache()
+    if engine_share is None:
+        torch.cuda.empty_cache()
+        return True
+    free, total = torch.cuda.mem_get_info(device)
+    missing = int(engine_share * total + WAKE_MARGIN_BYTES - free)
+    if missing <= 0:
+        return False
+    hand_back(device, missing)
     return True
+
+
+def segments_to_keep(free_segments: list[int], missing: int) -> list[int]:
+    """Of the cached segments with nothing allocated in them (sizes in bytes), the ones to keep when `missing` bytes
+    must go back: the largest go first (the fewest cudaFree/cudaMalloc pairs), the rest stay cached."""
+    keep = sorted(free_segments, reverse=True)
+    while keep and missing > 0:
+        missing -= keep.pop(0)
+    return keep
+
+
+def hand_back(device, missing: int) -> None:
+    """Free at least `missing` bytes of torch's cache on `device` (whole free segments), keep the rest cached: the
+    segments to keep are held by a tensor each while `empty_cache` frees the others. Should the allocator place a
+    holding tensor elsewhere, too little may go back: then the whole cache goes."""
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    sizes = [int(seg["total_size"]) for seg in torch.cuda.memory_snapshot()
+             if seg.get("device") == index and seg.get("segment_type") == "large" and int(seg["allocated_size"]) == 0]
+    free_before = torch.cuda.mem_get_info(device)[0]
+    try:
+        holders = [torch.empty(size, dtype=torch.uint8, device=device) for size in segments_to_keep(sizes, missing)]
+    except torch.OutOfMemoryError:
+        holders = []
+    torch.cuda.empty_cache()
+    del holders
+    if torch.cuda.mem_get_info(device)[0] - free_before < missing:
+        torch.cuda.empty_cache()
 
 
 def auto_micro_batch_counts(batches: list[list], layout: str, device, model_config, dtype: str,

@@ -113,6 +113,8 @@ def validate(cfg: Mapping) -> None:
     check_number(t, "keep_checkpoints", "trainer", lo=0, integer=True)
     check_number(t, "warmup_steps", "trainer", lo=0, integer=True)
     check_number(t, "logprob_chunk_size", "trainer", lo=1, integer=True)
+    if t.get("micro_batch_memory") is not None:
+        check_number(t, "micro_batch_memory", "trainer", lo=0, lo_open=True, hi=1)
     if t.get("profile_step") is not None:
         check_number(t, "profile_step", "trainer", lo=0, integer=True)
     check_number(t, "grad_clip", "trainer", lo=0)

@@ -84,10 +84,8 @@ def init_process_group_env(rank: int, world_size: int, master_addr: str, master_
         # The shared-memory comm op JIT-compiles for minutes on first use; gloo is enough for us.
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
-# trainer.micro_batch_size=auto: the share of the free GPU memory a micro-batch's activations may take (gradient
-# checkpointing=auto turns on only past 80%, so auto-sized micro-batches train without recomputation), and the
-# samples per micro-batch on CPU, where there is no GPU memory to fit
-AUTO_MICRO_BATCH_MEMORY = 0.6
+# trainer.micro_batch_size=auto: the samples per micro-batch on CPU, where there is no GPU memory to fit (on a GPU
+# `trainer.micro_batch_memory` says what share of the free memory a micro-batch's activations may take)
 AUTO_MICRO_BATCH_CPU = 8
 
 
@@ -155,13 +153,13 @@ def hand_back(device, missing: int) -> None:
 
 
 def auto_micro_batch_counts(batches: list[list], layout: str, device, model_config, dtype: str,
-                            head: dict) -> list[int]:
+                            head: dict, memory_share: float) -> list[int]:
     """trainer.micro_batch_size=auto: for each batch the fewest micro-batches (`rl.batching.micro_batch_count`)
-    whose activations (rl/memory.py) fit AUTO_MICRO_BATCH_MEMORY of the GPU memory free now (a colocated vLLM is
+    whose activations (rl/memory.py) fit `memory_share` (trainer.micro_batch_memory) of the GPU memory free now (a colocated vLLM is
     asleep); AUTO_MICRO_BATCH_CPU samples each on CPU."""
     free = free_memory_bytes(device)
     if free is None:
         return [-(-len(b) // AUTO_MICRO_BATCH_CPU) for b in batches]
-    budget = max_tokens_within(model_config, AUTO_MICRO_BATCH_MEMORY * free, torch_dtype(dtype).itemsize,
+    budget = max_tokens_within(model_config, memory_share * free, torch_dtype(dtype).itemsize,
                                int(head["chunk_size"]), head_logit_bytes(head))
     return [micro_batch_count(b, budget, layout) for b in batches]

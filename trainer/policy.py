@@ -196,7 +196,8 @@ class PolicyTrainer:
         (`trainer.dist.auto_micro_batch_counts`). Every rank runs the same count (the largest any rank needs: ZeRO
         reduces gradients every micro-step)."""
         counts = auto_micro_batch_counts(minibatches, layout, self.engine.device, self.model.config,
-                                         self.cfg["model"]["dtype"], self.head)
+                                         self.cfg["model"]["dtype"], self.head,
+                                         float(self.cfg["trainer"].get("micro_batch_memory", 0.6)))
         if self.world_size > 1:
             n = torch.tensor(counts + [-len(t) for t in minibatches], device=self.engine.device, dtype=torch.long)
             torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)

@@ -72,5 +72,5 @@ class FrozenModel:
         if str(size) != "auto":
             return micro_batches(trajs, -(-len(trajs) // int(size)), layout)
         (n,) = auto_micro_batch_counts([trajs], layout, self.device, self.model.config, self.cfg["model"]["dtype"],
-                                       self.head, float(self.cfg["trainer"].get("micro_batch_memory", 0.6)))
+                                       self.head, float(self.cfg["trainer"].get("micro_batch_memory", 0.75)))
         return micro_batches(trajs, n, layout)

@@ -197,7 +197,7 @@ class PolicyTrainer:
         reduces gradients every micro-step)."""
         counts = auto_micro_batch_counts(minibatches, layout, self.engine.device, self.model.config,
                                          self.cfg["model"]["dtype"], self.head,
-                                         float(self.cfg["trainer"].get("micro_batch_memory", 0.6)))
+                                         float(self.cfg["trainer"].get("micro_batch_memory", 0.75)))
         if self.world_size > 1:
             n = torch.tensor(counts + [-len(t) for t in minibatches], device=self.engine.device, dtype=torch.long)
             torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)

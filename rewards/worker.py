@@ -9,6 +9,12 @@ Scoring while the rollout still generates: a rollout worker hands the samples th
 batches while the rest generate (rollout/worker.py), and `score`, called with the whole share once it is generated,
 takes the result kept for every sample whose group and response are ones scored early, and scores only the others.
 So on one rollout worker the reward phase is left with the samples that ended last, not the whole batch.
+
+`prescore` only queues its samples and returns: a thread of the actor scores whatever is queued, all of it in one
+composer call. Scoring each early batch inside its `prescore` call kept the actor busy batch after batch, so the
+share's `score` call waited behind the last of them (on the device a whole step's answers take ~0.09 s of the pool,
+the reward phase took 0.3-0.45 s). `score` scores the samples of its groups still in the queue together with the
+rest; one lock keeps the thread and `score` from using the composer at the same time.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 import time
 from collections import OrderedDict
 from typing import Any, Mapping
@@ -54,47 +61,89 @@ class RewardWorker:
         # group id -> {response fingerprint: (reward, reward_parts, reward_error, reward_failed)} from `prescore`
         self._early: OrderedDict[str, dict[bytes, tuple]] = OrderedDict()
         self.early_used = self.scored = 0  # samples `score` took an early result for / was given, since start
+        self._queue: list[Trajectory] = []  # early samples not yet taken by the scoring thread
+        self._changed = threading.Condition()  # guards _queue, _early, _busy, _closed
+        self._busy = self._closed = False
+        self._composer_lock = threading.Lock()  # one composer call at a time: the thread's or `score`'s
+        self._thread = threading.Thread(target=self._score_early, name="reward-early-scoring", daemon=True)
+        self._thread.start()
 
     def ready(self) -> bool:
         """True once the composer (and its process pool) is up; the driver awaits it before the first batch."""
         return self.composer.ready()
 
     def prescore(self, trajs: list[Trajectory]) -> int:
-        """Score samples that ended while the rollout goes on; `score` uses the results. Domains with a judge part
-        wait for `score` (the judge model would compete with the rollout for the GPU). Returns how many were scored."""
+        """Queue samples that ended while the rollout goes on, for the scoring thread; `score` uses the results.
+        Domains with a judge part wait for `score` (the judge model would compete with the rollout for the GPU).
+        Returns how many were queued."""
         trajs = [t for t in trajs if not self.composer.uses_judge(t.domain)]
-        for t in self.composer.score(trajs):
-            result = (t.reward, dict(t.reward_parts), t.reward_error, t.reward_failed)
-            self._early.setdefault(t.group_id, {})[response_fingerprint(t)] = result
-            self._early.move_to_end(t.group_id)
-        while len(self._early) > MAX_EARLY_GROUPS:
-            self._early.popitem(last=False)
+        with self._changed:
+            self._queue.extend(trajs)
+            self._changed.notify_all()
         return len(trajs)
 
+    def _score_early(self) -> None:
+        """The scoring thread: everything queued, in one composer call, until `close`."""
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._queue or self._closed)
+                if self._closed:
+                    return
+            with self._composer_lock:  # taken before the queue: `score` never finds a batch half done
+                with self._changed:
+                    batch, self._queue, self._busy = self._queue, [], True
+                try:
+                    results = [(t.group_id, response_fingerprint(t),
+                                (t.reward, dict(t.reward_parts), t.reward_error, t.reward_failed))
+                               for t in self.composer.score(batch)] if batch else []
+                except Exception:  # noqa: BLE001 - `score` scores these samples again; the thread must go on
+                    logger.exception("reward worker: scoring %d early samples failed; they are scored with their "
+                                     "share", len(batch))
+                    results = []
+                with self._changed:
+                    for group, key, result in results:
+                        self._early.setdefault(group, {})[key] = result
+                        self._early.move_to_end(group)
+                    while len(self._early) > MAX_EARLY_GROUPS:
+                        self._early.popitem(last=False)
+                    self._busy = False
+                    self._changed.notify_all()
+
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
-        self.scored += len(trajs)
-        rest = []
-        for t in trajs:
-            early = self._early.get(t.group_id, {}).get(response_fingerprint(t))
-            if early is not None:
-                t.reward, parts, t.reward_error, t.reward_failed = early
-                t.reward_parts = dict(parts)
-                self.early_used += 1
-            else:
-                rest.append(t)
-        for group in {t.group_id for t in trajs}:  # each group is scored once; what was not used is stale
-            self._early.pop(group, None)
-        t0 = time.perf_counter()
-        if rest:
-            self.composer.score(rest)  # in place
+        groups = {t.group_id for t in trajs}
+        with self._composer_lock:  # the scoring thread's batch in progress, if any, is done
+            with self._changed:
+                # this share's samples still queued are scored below with the rest, in the same composer call
+                self._queue = [t for t in self._queue if t.group_id not in groups]
+                early = {g: self._early.pop(g) for g in groups if g in self._early}  # each group is scored once
+            self.scored += len(trajs)
+            rest = []
+            for t in trajs:
+                found = early.get(t.group_id, {}).get(response_fingerprint(t))
+                if found is not None:
+                    t.reward, parts, t.reward_error, t.reward_failed = found
+                    t.reward_parts = dict(parts)
+                    self.early_used += 1
+                else:
+                    rest.append(t)
+            t0 = time.perf_counter()
+            if rest:
+                self.composer.score(rest)  # in place
         if len(rest) < len(trajs):
             logger.info("reward worker: %d of %d samples were scored during generation, the other %d now in %.2f s",
                         len(trajs) - len(rest), len(trajs), len(rest), time.perf_counter() - t0)
         return trajs
 
     def early_stats(self) -> dict:
-        """Samples given to `score` and early results it took since start; early results kept unclaimed now."""
-        return {"scored": self.scored, "used": self.early_used, "kept": sum(map(len, self._early.values()))}
+        """Samples given to `score` and early results it took since start; early results kept unclaimed now (once
+        the samples queued so far are scored)."""
+        with self._changed:
+            self._changed.wait_for(lambda: not (self._queue or self._busy) or self._closed)
+            return {"scored": self.scored, "used": self.early_used, "kept": sum(map(len, self._early.values()))}
 
     def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+        self._thread.join(timeout=60)
         self.composer.close()

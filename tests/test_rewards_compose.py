@@ -1,5 +1,6 @@
 """Composition: weights, config errors, a raising part, a hanging part (killed, run goes on), worker wrapper."""
 
+import threading
 import time
 
 import numpy as np
@@ -162,7 +163,7 @@ def test_prescored_samples_are_not_scored_again_unless_their_response_changed(mo
     w = RewardWorker({"domains": {"logic": {"rewards": [{"name": "counting", "weight": 2.0}]}}, "rewards": {},
                       "rollout": {"max_new_tokens": 64}})
     assert w.prescore([_said("Answer: 42", uid="early"), _said("Answer: 7", uid="early")]) == 2
-    assert len(CALLS) == 2
+    assert w.early_stats()["kept"] == 2 and len(CALLS) == 2  # early_stats waits for the scoring thread
     share = [_said("Answer: 42", uid="a"), _said("Answer: 42", uid="b"),  # the same response twice: both served
              _said("Answer: 7", uid="c", finish="length"),  # ended otherwise than the one scored early
              _said("Answer: 42", group="h", uid="d")]  # another group
@@ -190,4 +191,74 @@ def test_prescore_leaves_judge_domains_to_score():
     sample = {"rubric": "Says hello."}
     assert w.prescore([traj("hello", domain="general", sample=sample, uid="a")]) == 0
     assert judge.calls == 0 and w.early_stats()["kept"] == 0
+    w.close()
+
+
+GATE = threading.Event()
+
+
+def _gated(view, params):
+    """Holds the scoring thread on a "slow" response until GATE is set."""
+    if "slow" in view.response:
+        assert GATE.wait(30)
+    CALLS.append(view.response)
+    return 1.0 if "42" in view.response else 0.0
+
+
+def _wait_until(cond, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.005)
+
+
+def test_prescore_returns_at_once_and_the_thread_scores_what_queued_meanwhile_in_one_call(monkeypatch):
+    """prescore only queues: the actor is free for the next call while a batch is scored, and the batches that
+    arrived meanwhile go to the composer together."""
+    monkeypatch.setitem(registry.REWARDS, "gated", RewardSpec(_gated))
+    CALLS.clear()
+    GATE.clear()
+    w = RewardWorker({"domains": {"logic": {"rewards": [{"name": "gated", "weight": 1.0}]}}, "rewards": {},
+                      "rollout": {"max_new_tokens": 64}})
+    batches = []
+    real_score = w.composer.score
+    monkeypatch.setattr(w.composer, "score", lambda trajs: batches.append(len(trajs)) or real_score(trajs))
+    t0 = time.perf_counter()
+    assert w.prescore([_said("slow 42", group="g1")]) == 1
+    _wait_until(lambda: w._busy)  # the thread took it and waits on the gate
+    assert w.prescore([_said("Answer: 42", group="g2", uid="a"), _said("Answer: 7", group="g2", uid="b")]) == 2
+    assert w.prescore([_said("Answer: 42", group="g3")]) == 1
+    assert time.perf_counter() - t0 < 5 and CALLS == []  # nothing scored yet: the thread waits on the gate
+    GATE.set()
+    assert w.early_stats()["kept"] == 4
+    assert batches == [1, 3]  # the first batch, then the two that queued behind it at once
+    out = w.score([_said("Answer: 42", group="g2", uid="a"), _said("Answer: 7", group="g2", uid="b")])
+    assert [t.reward for t in out] == [1.0, 0.0] and batches == [1, 3]  # taken from the early results
+    w.close()
+
+
+def test_score_takes_its_groups_queued_samples_with_the_rest(monkeypatch):
+    """A share's samples still queued for the thread when `score` comes are scored once, in either call, with the
+    rewards a plain scoring gives; other groups' queued samples stay queued."""
+    monkeypatch.setitem(registry.REWARDS, "gated", RewardSpec(_gated))
+    CALLS.clear()
+    GATE.clear()
+    w = RewardWorker({"domains": {"logic": {"rewards": [{"name": "gated", "weight": 2.0}]}}, "rewards": {},
+                      "rollout": {"max_new_tokens": 64}})
+    w.prescore([_said("slow", group="g0")])  # holds the thread
+    _wait_until(lambda: w._busy)
+    w.prescore([_said("Answer: 42", group="g1", uid="a"), _said("Answer: 1", group="other", uid="z")])
+    share = [_said("Answer: 42", group="g1", uid="a"), _said("Answer: 7", group="g1", uid="b")]
+    done = []
+    caller = threading.Thread(target=lambda: done.append(w.score(share)))
+    caller.start()
+    time.sleep(0.2)
+    assert not done  # waits for the batch in progress
+    GATE.set()
+    caller.join(30)
+    assert [t.reward for t in done[0]] == [2.0, 0.0]
+    stats = w.early_stats()  # once the thread is done too
+    assert sorted(CALLS) == sorted(["slow", "Answer: 42", "Answer: 7", "Answer: 1"])  # each sample scored once
+    thread_first = CALLS.index("Answer: 1") < CALLS.index("Answer: 7")  # it took g1's queued sample before `score`
+    assert stats == {"scored": 2, "used": int(thread_first), "kept": 2}  # g0's and other's results stay
     w.close()

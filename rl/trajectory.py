@@ -121,12 +121,12 @@ class TrainBatch:
 
     B = number of samples, T = longest prompt+response, N = total number of response tokens (flattened).
     Packed (`collate(..., packed=True)`): one row of all samples back to back, T = their total length, no padding;
-    `position_ids` restart at 0 for each sample and `attention_mask` is None, from which transformers attends
-    within each sample only (flash-attn: varlen kernels; sdpa/eager: a block-diagonal mask).
+    `position_ids` restart at 0 for each sample, from which transformers attends within each sample only
+    (flash-attn: varlen kernels; sdpa/eager: a block-diagonal mask). No attention mask either way: padded rows are
+    right-padded and the model is causal, so every scored position sees real tokens only (trainer/forward.py).
     """
 
     input_ids: torch.Tensor  # long [B, T], right padded with pad_id; packed: [1, T]
-    attention_mask: torch.Tensor | None  # long [B, T]; packed: None
     # Flat view of the response positions (sample order, then position order):
     logit_index: torch.Tensor  # long [N]; index into the [B*T] flattened hidden states predicting each token
     targets: torch.Tensor  # long [N]; the sampled token ids
@@ -181,7 +181,6 @@ def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> Train
         starts = np.arange(B, dtype=np.int64) * T
     rows = 1 if packed else B
     input_ids = torch.full((rows, T), pad_id, dtype=torch.long)
-    attention_mask = None if packed else torch.zeros((B, T), dtype=torch.long)
     position_ids = torch.from_numpy(np.concatenate([np.arange(n) for n in lengths]))[None] if packed else None
     flat_ids = input_ids.view(-1)
     logit_index, seq_index = [], []
@@ -189,8 +188,6 @@ def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> Train
         ids = np.concatenate([t.prompt_ids, t.response_ids])
         a = int(starts[i])
         flat_ids[a : a + len(ids)] = torch.from_numpy(ids.astype(np.int64))
-        if attention_mask is not None:
-            attention_mask[i, : len(ids)] = 1
         P, R = len(t.prompt_ids), len(t.response_ids)
         logit_index.append(torch.arange(P - 1, P + R - 1) + a)
         seq_index.append(torch.full((R,), i, dtype=torch.long))
@@ -230,7 +227,6 @@ def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> Train
 
     return TrainBatch(
         input_ids=input_ids,
-        attention_mask=attention_mask,
         logit_index=torch.cat(logit_index),
         targets=cat([t.response_ids for t in trajs], np.int64),
         seq_index=torch.cat(seq_index),

@@ -58,7 +58,7 @@ def test_packed_batch_equals_the_padded_one(family, request):
     packed, g_pack, rp_pack = _run(model, trajs, packed=True, replay=moe)
     batch = collate(trajs, pad_id=0, packed=True)
     assert batch.input_ids.shape == (1, sum(len(t.prompt_ids) + len(t.response_ids) for t in trajs))
-    assert batch.attention_mask is None and batch.position_ids[0, len(trajs[0].prompt_ids) + len(trajs[0].response_ids)] == 0
+    assert batch.position_ids[0, len(trajs[0].prompt_ids) + len(trajs[0].response_ids)] == 0
     torch.testing.assert_close(packed.logprobs, padded.logprobs, rtol=0, atol=tol)
     torch.testing.assert_close(packed.entropy, padded.entropy, rtol=0, atol=tol)
     torch.testing.assert_close(g_pack, g_pad, rtol=tol * 10, atol=tol / 10)

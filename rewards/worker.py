@@ -92,6 +92,7 @@ class RewardWorker:
             with self._composer_lock:  # taken before the queue: `score` never finds a batch half done
                 with self._changed:
                     batch, self._queue, self._busy = self._queue, [], True
+                results = []
                 try:
                     results = [(t.group_id, response_fingerprint(t),
                                 (t.reward, dict(t.reward_parts), t.reward_error, t.reward_failed))
@@ -99,15 +100,15 @@ class RewardWorker:
                 except Exception:  # noqa: BLE001 - `score` scores these samples again; the thread must go on
                     logger.exception("reward worker: scoring %d early samples failed; they are scored with their "
                                      "share", len(batch))
-                    results = []
-                with self._changed:
-                    for group, key, result in results:
-                        self._early.setdefault(group, {})[key] = result
-                        self._early.move_to_end(group)
-                    while len(self._early) > MAX_EARLY_GROUPS:
-                        self._early.popitem(last=False)
-                    self._busy = False
-                    self._changed.notify_all()
+                finally:
+                    with self._changed:
+                        for group, key, result in results:
+                            self._early.setdefault(group, {})[key] = result
+                            self._early.move_to_end(group)
+                        while len(self._early) > MAX_EARLY_GROUPS:
+                            self._early.popitem(last=False)
+                        self._busy = False
+                        self._changed.notify_all()
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
         groups = {t.group_id for t in trajs}
@@ -138,10 +139,11 @@ class RewardWorker:
         """Samples given to `score` and early results it took since start; early results kept unclaimed now (once
         the samples queued so far are scored)."""
         with self._changed:
-            self._changed.wait_for(lambda: not (self._queue or self._busy) or self._closed)
+            self._changed.wait_for(lambda: not (self._queue or self._busy) or self._closed, timeout=120)
             return {"scored": self.scored, "used": self.early_used, "kept": sum(map(len, self._early.values()))}
 
     def close(self) -> None:
+        """Stop the scoring thread (after the batch it is on, for up to a minute), then the composer's pool."""
         with self._changed:
             self._closed = True
             self._changed.notify_all()

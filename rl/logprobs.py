@@ -15,9 +15,12 @@ training policy is renormalised over the same set so pi_theta and pi_old share o
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -147,8 +150,12 @@ def add_outer(acc: torch.Tensor, dz: torch.Tensor, h: torch.Tensor) -> None:
         try:
             torch.addmm(acc, dz.t(), h, out_dtype=acc.dtype, out=acc)
             return
-        except (RuntimeError, TypeError):  # not in this torch/device: the fallback from now on
+        except torch.OutOfMemoryError:
+            raise  # the fallback needs more memory, not less
+        except (RuntimeError, TypeError) as e:  # not in this torch/device: the fallback from now on
             _MIXED_ADDMM[0] = False
+            log.warning("the LM head's weight gradient falls back to a %s product per chunk, widened and added "
+                        "(torch.addmm with out_dtype=%s refused: %s)", dz.dtype, acc.dtype, str(e).splitlines()[0][:200])
     acc += (dz.t() @ h).to(acc.dtype)
 
 

@@ -55,13 +55,13 @@ def _layer_bytes_16bit(config) -> tuple[float, float]:
 HEAD_BYTES_EAGER = 12
 
 
-def head_logit_bytes(head: dict) -> int:
-    """Bytes per [chunk, vocab] logit of the head set up by `head` (`rl.config.head_options`): eager, or compiled
-    (the logits and their gradient in the head's dtype, the float32 math fused into passes over them, a kept-set
-    mask)."""
+def head_logit_bytes(head: dict, dtype_bytes: int = 2) -> int:
+    """Bytes per [chunk, vocab] logit of the head set up by `head` (`rl.config.head_options`) for a model of
+    `dtype_bytes` per value: eager, or compiled (the logits and their gradient in the head's dtype, float32 with
+    `fp32_head` or a float32 model, the float32 math fused into passes over them, a kept-set mask)."""
     if not head.get("compiled"):
         return HEAD_BYTES_EAGER
-    return 2 * (4 if head.get("fp32_head") else 2) + 1
+    return 2 * (4 if head.get("fp32_head") or dtype_bytes >= 4 else 2) + 1
 
 
 def activation_bytes(config, tokens: int, dtype_bytes: int = 2, checkpointing: bool = False,

@@ -97,6 +97,7 @@ def test_the_compiled_head_is_counted_at_its_own_bytes_per_logit():
     assert head_logit_bytes({"compiled": False}) == HEAD_BYTES_EAGER == 12
     assert head_logit_bytes({"compiled": True, "fp32_head": False}) == 5
     assert head_logit_bytes({"compiled": True, "fp32_head": True}) == 9
+    assert head_logit_bytes({"compiled": True, "fp32_head": False}, dtype_bytes=4) == 9  # a float32 model
     config = AutoConfig.for_model(**SHAPES["qwen3"], num_hidden_layers=4)
     body = activation_bytes(config, 8192, head_chunk=0)
     assert activation_bytes(config, 8192, head_chunk=4096, head_bytes=5) == body + 5 * 4096 * 1000

@@ -140,6 +140,16 @@ def test_hand_back_frees_what_is_missing_and_keeps_the_rest_cached():
     assert torch.cuda.mem_get_info()[0] - free >= 300 * mib
     assert reserved - torch.cuda.memory_reserved() == 512 * mib  # the other three stay cached
     torch.cuda.empty_cache()
+    # a free segment of another stream cannot be held from this one: it goes back and counts towards what is missing
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        on_side = torch.empty(256 * mib, dtype=torch.uint8, device="cuda")
+    blocks = [torch.empty(n * mib, dtype=torch.uint8, device="cuda") for n in (512, 128)]
+    del on_side, blocks
+    reserved = torch.cuda.memory_reserved()
+    dist.hand_back("cuda", 200 * mib)  # the side stream's 256 MiB cover it: the other two stay
+    assert reserved - torch.cuda.memory_reserved() == 256 * mib
+    torch.cuda.empty_cache()
 
 
 def test_engine_memory_share_is_vllms_gpu_memory_utilization():

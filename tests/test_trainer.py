@@ -98,11 +98,13 @@ def test_auto_checkpointing_follows_the_free_memory(setup, monkeypatch):
 
 
 def test_auto_micro_batches_follow_the_free_memory_and_give_the_same_update(setup, monkeypatch):
-    """trainer.micro_batch_size=auto: the step is cut into the fewest micro-batches whose activations fit 60% of the
-    free GPU memory (stood in for here), and however many that is, DeepSpeed steps once with the same update as
-    fixed micro-batches; the reference cuts its forwards the same way and gives the same logprobs."""
+    """trainer.micro_batch_size=auto: the step is cut into the fewest micro-batches whose activations fit
+    trainer.micro_batch_memory of the free GPU memory (stood in for here), and however many that is, DeepSpeed steps
+    once with the same update as fixed micro-batches; the reference cuts its forwards the same way and gives the same
+    logprobs."""
     import trainer.dist as dist
-    from rl.memory import activation_bytes, max_tokens_within, micro_batch_tokens
+    from rl.config import head_options
+    from rl.memory import activation_bytes, head_logit_bytes, max_tokens_within, micro_batch_tokens
 
     cfg, trajs, path = setup
     norms = [(len(trajs), int(sum(t.num_response_tokens for t in trajs)))]
@@ -113,11 +115,13 @@ def test_auto_micro_batches_follow_the_free_memory_and_give_the_same_update(setu
     auto["trainer"]["micro_batch_size"] = "auto"
     longest = max(t.num_tokens for t in trajs)
     config = PolicyTrainer(auto, path, 0, 1, "127.0.0.1", _port()).model.config
-    for free, want in [(10**12, 1), (activation_bytes(config, 3 * longest, 4) / 0.6, None)]:
+    share, head = auto["trainer"]["micro_batch_memory"], head_options(auto)
+    chunk, per_logit = head["chunk_size"], head_logit_bytes(head, 4)
+    for free, want in [(10**12, 1), (activation_bytes(config, 3 * longest, 4, False, chunk, per_logit) / share, None)]:
         monkeypatch.setattr(dist, "free_memory_bytes", lambda device, free=free: free)
         tr = PolicyTrainer(auto, path, 0, 1, "127.0.0.1", _port())
         plan = tr._auto_micro_batches([trajs], "padded")
-        budget = max_tokens_within(config, 0.6 * free, 4)
+        budget = max_tokens_within(config, share * free, 4, chunk, per_logit)
         assert all(micro_batch_tokens(p, False) <= budget for p in plan[0])
         assert len(plan[0]) == (want or len(plan[0])) and (want or len(plan[0]) > 1)
         sums = tr.train_step([trajs], norms)

@@ -135,15 +135,29 @@ def segments_to_keep(free_segments: list[int], missing: int) -> list[int]:
 
 def hand_back(device, missing: int) -> None:
     """Free at least `missing` bytes of torch's cache on `device` (whole free segments), keep the rest cached: the
-    segments to keep are held by a tensor each while `empty_cache` frees the others. Should the allocator place a
-    holding tensor elsewhere, too little may go back: then the whole cache goes."""
+    segments to keep are held by a tensor each while `empty_cache` frees the others. Only segments of the current
+    stream's default pool can be held that way (the allocator serves a tensor from its own stream's blocks); free
+    segments of other streams or pools go back and count towards `missing`. Should a holding tensor land elsewhere,
+    or the allocator not describe its segments (another allocator backend), too little may go back: then the whole
+    cache goes."""
     device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    sizes = [int(seg["total_size"]) for seg in torch.cuda.memory_snapshot()
-             if seg.get("device") == index and seg.get("segment_type") == "large" and int(seg["allocated_size"]) == 0]
+    sizes, other = [], 0
+    try:
+        stream = torch.cuda.current_stream(device).cuda_stream
+        for seg in torch.cuda.memory_snapshot():
+            if seg.get("device") != index or int(seg["allocated_size"]) != 0:
+                continue
+            if (seg.get("segment_type") == "large" and seg.get("stream") == stream and not seg.get("is_expandable")
+                    and not any(seg.get("segment_pool_id") or ())):
+                sizes.append(int(seg["total_size"]))
+            else:
+                other += int(seg["total_size"])
+    except (RuntimeError, KeyError, TypeError, ValueError):
+        sizes = []  # nothing is held: everything free goes back
     free_before = torch.cuda.mem_get_info(device)[0]
     try:
-        holders = [torch.empty(size, dtype=torch.uint8, device=device) for size in segments_to_keep(sizes, missing)]
+        holders = [torch.empty(n, dtype=torch.uint8, device=device) for n in segments_to_keep(sizes, missing - other)]
     except torch.OutOfMemoryError:
         holders = []
     torch.cuda.empty_cache()
@@ -160,6 +174,7 @@ def auto_micro_batch_counts(batches: list[list], layout: str, device, model_conf
     free = free_memory_bytes(device)
     if free is None:
         return [-(-len(b) // AUTO_MICRO_BATCH_CPU) for b in batches]
-    budget = max_tokens_within(model_config, memory_share * free, torch_dtype(dtype).itemsize,
-                               int(head["chunk_size"]), head_logit_bytes(head))
+    dtype_bytes = torch_dtype(dtype).itemsize
+    budget = max_tokens_within(model_config, memory_share * free, dtype_bytes, int(head["chunk_size"]),
+                               head_logit_bytes(head, dtype_bytes))
     return [micro_batch_count(b, budget, layout) for b in batches]

@@ -214,7 +214,7 @@ class PolicyTrainer:
         tokens = max(micro_batch_tokens(chunk, self.packed) for micro in plan for chunk in micro)
         dtype_bytes = torch_dtype(self.cfg["model"]["dtype"]).itemsize
         need = activation_bytes(self.model.config, tokens, dtype_bytes, False, int(self.head["chunk_size"]),
-                                head_logit_bytes(self.head))
+                                head_logit_bytes(self.head, dtype_bytes))
         on = torch.tensor([float(should_checkpoint(need, free))], device=self.engine.device)
         if self.world_size > 1:  # one choice for all ranks: ZeRO-3's recompute gathers parameters again (collectives)
             torch.distributed.all_reduce(on, op=torch.distributed.ReduceOp.MAX)

@@ -283,3 +283,27 @@ def test_profile_step_writes_one_report_at_that_step(setup, tmp_path):
     tr.train_step([trajs], norms)
     assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["train_step2_rank0.json.gz",
                                                                        "train_step2_rank0.txt"]
+
+
+def test_one_reduction_per_mini_batch_gives_the_per_micro_batch_update(setup):
+    """ZeRO-2 with its reduction coalesced per mini-batch (gradients add up on the parameters, ZeRO reduces them once)
+    gives the same two updates as reducing after every micro-batch: 2 mini-batches of 2 micro-batches each."""
+    cfg, trajs, path = setup
+    cfg = copy.deepcopy(cfg)
+    half = len(trajs) // 2
+    cfg["trainer"].update(zero_stage=2, micro_batch_size=half // 2, mini_batches=2)
+    minibatches = [trajs[:half], trajs[half:]]
+    norms = [(len(mb), int(sum(t.num_response_tokens for t in mb))) for mb in minibatches]
+    states, sums = [], []
+    for coalesce in (True, False):
+        cfg["trainer"]["coalesce_grad_reduction"] = coalesce
+        tr = PolicyTrainer(cfg, path, 0, 1, "127.0.0.1", _port())
+        assert tr.coalesce is coalesce  # DeepSpeed 0.19.8 has coalesce_grad_reduction for ZeRO-1/2
+        before = tr.full_state_dict()
+        sums.append(tr.train_step(minibatches, norms))
+        states.append(tr.full_state_dict())
+    assert sums[0]["optimizer_steps"] == sums[1]["optimizer_steps"] == 2
+    assert sums[0]["micro_batches"] == sums[1]["micro_batches"] == 4
+    assert abs(sums[0]["grad_norm"] - sums[1]["grad_norm"]) < 1e-5 * sums[1]["grad_norm"]
+    assert all(torch.allclose(states[0][k].float(), states[1][k].float(), atol=1e-6) for k in states[1])
+    assert any(not torch.equal(before[k], states[1][k]) for k in before)  # the updates did move the weights

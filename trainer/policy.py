@@ -9,6 +9,7 @@ backpropagated without DeepSpeed's 1/GAS scaling.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -113,6 +114,13 @@ class PolicyTrainer:
             model=PolicyForward(model), model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_cfg
         )
         self.zero_stage = int(tcfg["zero_stage"])
+        # ZeRO-1/2: a mini-batch's micro-batches leave their gradients on the parameters (autograd adds them up, in
+        # the model's dtype as ZeRO's own buffers would) and ZeRO reduces them once, when the mini-batch ends
+        # (DeepSpeed's coalesce_grad_reduction), instead of copying every parameter's gradient into its buckets
+        # after every micro-batch: those per-parameter hooks ran on the CPU while the GPU waited (benchmarks/README.md)
+        self.coalesce = (bool(tcfg.get("coalesce_grad_reduction", True)) and self.zero_stage in (1, 2)
+                         and hasattr(self.engine, "coalesce_grad_reduction")
+                         and hasattr(self.engine.optimizer, "_coalesce_grad_reduction"))
         if self.zero_stage == 3:
             self.engine.module.register_zero3_external_head()
         self.objective = OBJECTIVES[str(acfg.get("objective", "grpo"))]
@@ -159,19 +167,24 @@ class PolicyTrainer:
         # algorithm.old_logprobs=trainer: pi_old is this policy's own logprob before the first update
         old = self._recompute_old(plan) if self.cfg["algorithm"].get("old_logprobs") == "trainer" else None
         for mb_index, (micro, norm) in enumerate(zip(plan, norms)):
-            for mc_index, chunk in enumerate(micro):
-                batch = collate(chunk, self.tokenizer.pad_token_id, self.packed).to(self.engine.device)
-                if old is not None:
-                    batch.old_logprobs = old[mb_index][mc_index]
-                with route_replay(self.model, batch, self.keep_routing) as replay:
-                    out = self._forward(batch, with_entropy=True)
-                    loss, stats = self.objective(out.logprobs, batch, self.cfg["algorithm"], norm)
-                    if self.auto_micro:  # before backward: ZeRO's gradient hooks read it
-                        self.engine.set_gradient_accumulation_boundary(mc_index == len(micro) - 1)
-                    self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+            with self._one_reduction():
+                for mc_index, chunk in enumerate(micro):
+                    batch = collate(chunk, self.tokenizer.pad_token_id, self.packed).to(self.engine.device)
+                    if old is not None:
+                        batch.old_logprobs = old[mb_index][mc_index]
+                    with route_replay(self.model, batch, self.keep_routing) as replay:
+                        out = self._forward(batch, with_entropy=True)
+                        loss, stats = self.objective(out.logprobs, batch, self.cfg["algorithm"], norm)
+                        if self.auto_micro and not self.coalesce:  # before backward: ZeRO's gradient hooks read it
+                            self.engine.set_gradient_accumulation_boundary(mc_index == len(micro) - 1)
+                        self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+                    if not self.coalesce:
+                        self.engine.step()
+                    routing = replay.device_counts()  # read with the other sums, once the step is done
+                    stat_sums.add(batch, out, stats, routing, first_minibatch=mb_index == 0)
+            if self.coalesce:  # the mini-batch's gradients were reduced as the block ended: its one update
+                self.engine.set_gradient_accumulation_boundary(True)
                 self.engine.step()
-                routing = replay.device_counts()  # read with the other sums, once the step is done
-                stat_sums.add(batch, out, stats, routing, first_minibatch=mb_index == 0)
             sums["grad_norm"] += float(self.engine.get_global_grad_norm() or 0.0)
             sums["optimizer_steps"] += 1
         sums["lr"] = float(self.engine.get_lr()[0])
@@ -179,6 +192,10 @@ class PolicyTrainer:
         if self.colocated:
             release_cached_memory(self.engine.device, self.engine_share)
         return dict(sums)
+
+    def _one_reduction(self):
+        """The block of one mini-batch's micro-batches (see `self.coalesce`); a plain block otherwise."""
+        return self.engine.coalesce_grad_reduction() if self.coalesce else contextlib.nullcontext()
 
     def _set_checkpointing(self, on: bool) -> None:
         m = self.model  # transformers >= 5.22 names it activation checkpointing (the old names warn)

@@ -50,7 +50,8 @@ def trajectories(n: int, prompt_len: int, lo: int, hi: int, vocab: int, seed: in
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smol", choices=["smol", "qwen06b"])
+    ap.add_argument("--model", default="smol", choices=["smol", "qwen06b", "dense-small"],
+                    help="dense-small: the tests' small random dense model (launch/testbed.py), for CPU checks")
     ap.add_argument("--samples", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=60)
     ap.add_argument("--len", type=int, default=192)
@@ -74,9 +75,9 @@ def main() -> None:
 
         path = resolve_model_path(SMOLLM2)
     else:
-        from launch.testbed import QWEN3_06B, build_model
+        from launch.testbed import DENSE_SMALL, QWEN3_06B, build_model
 
-        path = build_model("/tmp/qwen06b-model", QWEN3_06B)
+        path = build_model(f"/tmp/{args.model}-model", QWEN3_06B if args.model == "qwen06b" else DENSE_SMALL)
     from transformers import AutoConfig
 
     from trainer.dist import open_store

@@ -285,13 +285,14 @@ def test_profile_step_writes_one_report_at_that_step(setup, tmp_path):
                                                                        "train_step2_rank0.txt"]
 
 
-def test_one_reduction_per_mini_batch_gives_the_per_micro_batch_update(setup):
-    """ZeRO-2 with its reduction coalesced per mini-batch (gradients add up on the parameters, ZeRO reduces them once)
-    gives the same two updates as reducing after every micro-batch: 2 mini-batches of 2 micro-batches each."""
+@pytest.mark.parametrize("zero_stage", [1, 2])
+def test_one_reduction_per_mini_batch_gives_the_per_micro_batch_update(setup, zero_stage):
+    """ZeRO-1/2 with the reduction coalesced per mini-batch (gradients add up on the parameters, ZeRO reduces them
+    once) gives the same two updates as reducing after every micro-batch: 2 mini-batches of 2 micro-batches each."""
     cfg, trajs, path = setup
     cfg = copy.deepcopy(cfg)
     half = len(trajs) // 2
-    cfg["trainer"].update(zero_stage=2, micro_batch_size=half // 2, mini_batches=2)
+    cfg["trainer"].update(zero_stage=zero_stage, micro_batch_size=half // 2, mini_batches=2)
     minibatches = [trajs[:half], trajs[half:]]
     norms = [(len(mb), int(sum(t.num_response_tokens for t in mb))) for mb in minibatches]
     states, sums = [], []

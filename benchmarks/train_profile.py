@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--override", nargs="*", default=[])
     ap.add_argument("--device", default="cuda", help="cpu: a check of this script")
     ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: top ops")
-    ap.add_argument("--trace", help="with --profile: write the Chrome/Perfetto trace there (.json.gz: gzipped; "
+    ap.add_argument("--trace", help="with --profile: keep the Chrome/Perfetto trace there (gzipped JSON; "
                                     "benchmarks/trace_gaps.py reads it)")
     ap.add_argument("--bf16-partials", action="store_true",
                     help="the LM head's weight gradient as before: a bf16 product per chunk, widened and added "
@@ -109,19 +109,19 @@ def main() -> None:
         mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
         print(f"step {step}: {dt:.3f} s ({tokens / dt:,.0f} tokens/s{mfu}), {sums['micro_batches']:.0f} micro-batches, "
               f"peak memory {mem:.1f} GiB", flush=True)
-    if args.profile:  # the tables a run writes with trainer.profile_step (trainer/profiling.py)
-        from torch.profiler import ProfilerActivity, profile
+    if args.profile:  # what a run writes with trainer.profile_step (trainer/profiling.py): printed, trace kept
+        import shutil
+        import tempfile
 
-        from trainer.profiling import profile_tables
+        from trainer.profiling import profiled
 
-        t0 = time.perf_counter()
-        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []),
-                     record_shapes=True) as prof:
-            tr.train_step([trajs], [norm])
-            sync()
-        print(profile_tables(prof, cuda, time.perf_counter() - t0))
-        if args.trace:
-            prof.export_chrome_trace(args.trace)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "train_step"
+            with profiled(out, tr.engine.device):
+                tr.train_step([trajs], [norm])
+            print(out.with_name(out.name + ".txt").read_text())
+            if args.trace:
+                shutil.move(str(out.with_name(out.name + ".json.gz")), args.trace)
 
 
 if __name__ == "__main__":

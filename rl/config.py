@@ -226,6 +226,12 @@ def head_options(cfg: Mapping) -> dict:
             "compiled": bool(cfg["trainer"].get("compile", False))}
 
 
+def micro_batch_memory(cfg: Mapping) -> float:
+    """`trainer.micro_batch_memory`: the share of the free GPU memory an auto-sized micro-batch may take (the
+    policy's and the reference's)."""
+    return float(cfg["trainer"].get("micro_batch_memory", 0.75))
+
+
 def logprob_temperature(rcfg: dict) -> float:
     """The temperature the trainer divides logits by: the sampling one, or 1 for greedy (temperature 0), whose
     reported logprobs are the plain ones in both engines."""

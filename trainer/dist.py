@@ -169,8 +169,8 @@ def hand_back(device, missing: int) -> None:
 def auto_micro_batch_counts(batches: list[list], layout: str, device, model_config, dtype: str,
                             head: dict, memory_share: float) -> list[int]:
     """trainer.micro_batch_size=auto: for each batch the fewest micro-batches (`rl.batching.micro_batch_count`)
-    whose activations (rl/memory.py) fit `memory_share` (trainer.micro_batch_memory) of the GPU memory free now (a colocated vLLM is
-    asleep); AUTO_MICRO_BATCH_CPU samples each on CPU."""
+    whose activations (rl/memory.py) fit `memory_share` (trainer.micro_batch_memory) of the GPU memory free now (a
+    colocated vLLM is asleep); AUTO_MICRO_BATCH_CPU samples each on CPU."""
     free = free_memory_bytes(device)
     if free is None:
         return [-(-len(b) // AUTO_MICRO_BATCH_CPU) for b in batches]

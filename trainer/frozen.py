@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from rl.batching import micro_batches
-from rl.config import head_options, logprob_temperature, pack_sequences, rollout_placement
+from rl.config import head_options, logprob_temperature, micro_batch_memory, pack_sequences, rollout_placement
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
 from trainer.dist import auto_micro_batch_counts, pick_device, release_cached_memory
@@ -72,5 +72,5 @@ class FrozenModel:
         if str(size) != "auto":
             return micro_batches(trajs, -(-len(trajs) // int(size)), layout)
         (n,) = auto_micro_batch_counts([trajs], layout, self.device, self.model.config, self.cfg["model"]["dtype"],
-                                       self.head, float(self.cfg["trainer"].get("micro_batch_memory", 0.75)))
+                                       self.head, micro_batch_memory(self.cfg))
         return micro_batches(trajs, n, layout)

@@ -18,7 +18,9 @@ import numpy as np
 import torch
 
 from rl.batching import micro_batches, micro_batches_per_minibatch, per_rank_samples
-from rl.config import engine_memory_share, head_options, logprob_temperature, pack_sequences, rollout_placement
+from rl.config import (
+    engine_memory_share, head_options, logprob_temperature, micro_batch_memory, pack_sequences, rollout_placement,
+)
 from rl.memory import activation_bytes, head_logit_bytes, micro_batch_tokens, should_checkpoint
 from rl.metrics import TrainStatSums
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
@@ -214,7 +216,7 @@ class PolicyTrainer:
         reduces gradients every micro-step)."""
         counts = auto_micro_batch_counts(minibatches, layout, self.engine.device, self.model.config,
                                          self.cfg["model"]["dtype"], self.head,
-                                         float(self.cfg["trainer"].get("micro_batch_memory", 0.75)))
+                                         micro_batch_memory(self.cfg))
         if self.world_size > 1:
             n = torch.tensor(counts + [-len(t) for t in minibatches], device=self.engine.device, dtype=torch.long)
             torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)

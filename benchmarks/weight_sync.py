@@ -83,7 +83,7 @@ def main() -> None:
             row = dict(placement=placement, zero=zero, init_s=round(init_s, 3), first_s=round(first["seconds"], 3),
                        awake_median_s=round(statistics.median(s["seconds"] for s in awake), 4),
                        awake_min_s=round(min(s["seconds"] for s in awake), 4),
-                       send_median_s=round(statistics.median(s["send_seconds"] for s in awake), 4),
+                       send_median_s=round(statistics.median(s["send_rank"] for s in awake), 4),
                        asleep_median_s=round(statistics.median(s["seconds"] for s in asleep), 4) if asleep else None,
                        gib=round(first["bytes"] / 2**30, 3), tensors=first["tensors"])
             print("RESULT " + json.dumps(row), flush=True)

@@ -298,13 +298,15 @@ class Cluster:
         shards = [[split_even(mb, n)[rank] for mb in minibatches] for rank in range(n)]
         return self._get_trainers([a.train_step.remote(shards[r], norms) for r, a in enumerate(self.trainers)])
 
-    def sync_weights(self) -> None:
-        """Trainer -> rollout workers: vLLM's GPU weight transfer (CUDA IPC / NCCL), else the object store."""
+    def sync_weights(self) -> dict[str, float]:
+        """Trainer -> rollout workers: vLLM's GPU weight transfer (CUDA IPC / NCCL), else the object store.
+        Returns the seconds of its parts, vLLM only (`VLLMWeightSync.sync`: wake, send, send_rank, finish)."""
         if self._weight_sync is not None:
-            self.last_sync = self._weight_sync.sync()
-            return
+            done = self._weight_sync.sync()
+            return {k: done[k] for k in ("wake", "send", "send_rank", "finish")}
         self._latest_weights = self._full_weights()
         ray.get([w.load_state_dict.remote(self._latest_weights) for w in self.rollout.actors])
+        return {}
 
     def _full_weights(self) -> ray.ObjectRef:
         """Rank 0's whole state dict in the object store (every rank takes part: a collective under ZeRO-3)."""

@@ -95,17 +95,17 @@ def train(cfg: dict) -> dict:
             with timed(times, "train"):
                 sums = cluster.train(minibatches(trajs, int(t["mini_batches"]), cfg["seed"], step))
             with timed(times, "sync"):
-                cluster.sync_weights()
+                times.update({f"time/sync_{part}": s for part, s in cluster.sync_weights().items()})
             metrics = rollout_metrics(trajs, parts, staleness=step - 1 - version, agent_domains=agents)
             if evals is not None and (step % int(ev["every"]) == 0 or step == total):
                 with timed(times, "eval"):
                     metrics.update(evaluate(cluster, evals, ev, parts, step, tracker))
-            times["time/step"] = time.perf_counter() - t0
-            generated = sum(tr.num_generated_tokens for tr in trajs)
-            tracker.log({**step_metrics(step, times, generated, mixture.skipped_too_long), **metrics,
-                         **perf.metrics(trajs, need_ref, times),
-                         **trainer_metrics(sums, list(domains), int(t["mini_batches"]))})
             tracker.save_rollouts(f"step_{step:06d}", trajs)
+            generated = sum(tr.num_generated_tokens for tr in trajs)
+            metrics.update(perf.metrics(trajs, need_ref, times))
+            metrics.update(trainer_metrics(sums, list(domains), int(t["mini_batches"])))
+            times["time/step"] = time.perf_counter() - t0  # all of the step but writing its metrics (and a checkpoint)
+            tracker.log({**step_metrics(step, times, generated, mixture.skipped_too_long), **metrics})
             if metrics["advantage/zero_variance_group_frac"] == 1.0 and not warned_no_signal:
                 warned_no_signal = True
                 log.warning("step %d: in every group all samples got the same reward, so every advantage is 0 and this "

@@ -56,13 +56,19 @@ class VLLMWeightSync:
             ray.get([w.sleep.remote(self.sleep_level) for w in self.workers])
 
     def sync(self) -> dict:
+        """One sync; returns its seconds, its parts' seconds (`time/sync_<part>` in the step's metrics) and what was sent:
+        wake = the workers wake their weights and start the update, send = the trainer ranks send (the ranks' own
+        share of it: `send_rank`), finish = the workers finish the update, wake the KV cache, reset the prefix cache."""
         t0 = time.perf_counter()
         ray.get([w.begin_weight_update.remote() for w in self.workers])
+        t1 = time.perf_counter()
         if self.backend == "ipc":
             targets = [list(self.workers) for _ in self.trainers]  # every rank takes part (see WeightSender)
         else:
             targets = [self.workers] + [[] for _ in self.trainers[1:]]
         stats = ray.get([t.send_weights.remote(targets[i]) for i, t in enumerate(self.trainers)])
+        t2 = time.perf_counter()
         ray.get([w.end_weight_update.remote() for w in self.workers])
-        return {"seconds": time.perf_counter() - t0, "send_seconds": max(s["seconds"] for s in stats),
-                "bytes": sum(s["bytes"] for s in stats), "tensors": sum(s["tensors"] for s in stats)}
+        t3 = time.perf_counter()
+        return {"seconds": t3 - t0, "wake": t1 - t0, "send": t2 - t1, "send_rank": max(s["seconds"] for s in stats),
+                "finish": t3 - t2, "bytes": sum(s["bytes"] for s in stats), "tensors": sum(s["tensors"] for s in stats)}

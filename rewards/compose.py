@@ -177,6 +177,7 @@ class RewardComposer:
         )
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
+        self.last_pool_run: dict = {}  # what this call's pool parts cost (`_run_pool`; the reward worker logs it)
         jobs: dict[str, list[tuple[int, int, SampleView]]] = defaultdict(list)  # runner -> (traj, part, view)
         results: dict[tuple[int, int], _Result] = {}
         for ti, t in enumerate(trajs):
@@ -243,9 +244,12 @@ class RewardComposer:
                 continue
             tasks.append((part.spec.fn, (view, part.params), part.timeout_s))
             sent.append((ti, pi, view))
+        self.last_pool_run = {"decided_in_process": len(jobs) - len(tasks), "round_trips": 0, "tasks": 0}
         if not tasks:
             return
-        for (ti, pi, _), out in zip(sent, self._pool.run(tasks)):
+        outcomes = self._pool.run(tasks)
+        self.last_pool_run.update(self._pool.last_run, round_trips=self._pool.last_round_trips)
+        for (ti, pi, _), out in zip(sent, outcomes):
             part = self.domains[trajs[ti].domain][pi]
             if out.ok:
                 results[(ti, pi)] = self._check_value(part, out.value)

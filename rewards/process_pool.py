@@ -176,6 +176,9 @@ class KillablePool:
         self.restarts = 0
         self._mean_s: dict[str, float] = {}  # seconds per task of each function so far (batching, `_units`)
         self.last_round_trips = 0  # futures the last `run` submitted (tasks or batches)
+        # the last `run`: seconds it took, and the workers' own seconds per task summed and at most (what a slow
+        # reward phase is made of: one slow task, or the round trips around many quick ones)
+        self.last_run = {"tasks": 0, "wall_s": 0.0, "worker_s": 0.0, "slowest_s": 0.0}
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)  # only takes effect if the forkserver is not running yet
         self._ctx = ctx
@@ -244,6 +247,7 @@ class KillablePool:
         suspects: set[int] = set()  # tasks in flight when a worker crashed
         inflight: dict[cf.Future, tuple[list[int], float, bool]] = {}  # future -> (tasks, deadline, alone)
         self.last_round_trips = 0
+        started, worker_s, slowest_s = time.perf_counter(), 0.0, 0.0
 
         def crashed(unit: list[int], alone: bool, error: str) -> None:
             if alone and len(unit) == 1:  # it crashed the pool by itself: one attempt used
@@ -298,6 +302,7 @@ class KillablePool:
                     continue
                 for i, sec in zip(unit, seconds):
                     self._note_duration(tasks[i][0], sec)
+                    worker_s, slowest_s = worker_s + sec, max(slowest_s, sec)
                 for i, out in zip(unit, outs):
                     results[i] = _outcome(*out)
                     suspects.discard(i)
@@ -325,6 +330,8 @@ class KillablePool:
                 logger.warning("reward pool: restarting (%d timed out, %d batches split, crashed=%s)", timed_out,
                                len(expired) - timed_out, broken)
                 self.restart()
+        self.last_run = {"tasks": len(tasks), "wall_s": time.perf_counter() - started, "worker_s": worker_s,
+                         "slowest_s": slowest_s}
         return results  # type: ignore[return-value]
 
     def _units(self, tasks: list[tuple[Callable, tuple, float]]) -> list[list[int]]:

@@ -49,6 +49,17 @@ def response_fingerprint(t: Trajectory) -> bytes:
     return h.digest()
 
 
+def pool_summary(run: dict) -> str:
+    """`RewardComposer.last_pool_run` in words, for the log line of a share's scoring."""
+    if not run:
+        return ""
+    text = f" ({run['decided_in_process']} decided in-process"
+    if run.get("tasks"):
+        text += (f"; the pool: {run['tasks']} tasks in {run['round_trips']} round trips, {run['wall_s']:.2f} s, "
+                 f"{run['worker_s']:.2f} s of worker time, slowest task {run['slowest_s']:.3f} s")
+    return text + ")"
+
+
 class RewardWorker:
     def __init__(self, cfg: Mapping[str, Any], judge: Any = None):
         cfg = to_plain(cfg)
@@ -127,12 +138,14 @@ class RewardWorker:
                     self.early_used += 1
                 else:
                     rest.append(t)
-            t0 = time.perf_counter()
+            t0, pool_run = time.perf_counter(), {}
             if rest:
                 self.composer.score(rest)  # in place
+                pool_run = self.composer.last_pool_run  # read under the lock: the thread's next call resets it
         if len(rest) < len(trajs):
-            logger.info("reward worker: %d of %d samples were scored during generation, the other %d now in %.2f s",
-                        len(trajs) - len(rest), len(trajs), len(rest), time.perf_counter() - t0)
+            logger.info("reward worker: %d of %d samples were scored during generation, the other %d now in %.2f s%s",
+                        len(trajs) - len(rest), len(trajs), len(rest), time.perf_counter() - t0,
+                        pool_summary(pool_run))
         return trajs
 
     def early_stats(self) -> dict:

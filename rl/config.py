@@ -176,13 +176,16 @@ def rollout_placement(rcfg: Mapping) -> str:
 
 
 def engine_memory_share(rcfg: Mapping) -> float | None:
-    """The share of the GPU a colocated vLLM takes when it wakes up (`rollout.gpu_memory_utilization`); None for the
-    transformers engine, whose memory use is not bounded ahead."""
+    """The share of the GPU a colocated vLLM takes when it wakes up (`rollout.gpu_memory_utilization`); 0.0 when it
+    never sleeps (`rollout.enable_sleep_mode: false`: its memory stays taken, so it needs no room to wake up into);
+    None for the transformers engine, whose memory use is not bounded ahead."""
     engine = str(rcfg.get("engine"))
     if engine == "hf" or rcfg.get("gpu_memory_utilization") is None:
         return None
     if engine == "auto" and importlib.util.find_spec("vllm") is None:  # auto falls back to the transformers engine
         return None
+    if not rcfg.get("enable_sleep_mode", False):
+        return 0.0
     return float(rcfg["gpu_memory_utilization"])
 
 

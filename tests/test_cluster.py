@@ -223,7 +223,10 @@ def test_weight_sync_sends_every_worker_from_the_right_ranks(ray_local, placemen
     workers = [SyncRecorder.remote(f"w{i}") for i in range(2)]
     trainers = [SyncRecorder.remote(f"t{i}") for i in range(2)]
     cfg = {"rollout": {"placement": placement, "tensor_parallel_size": 1, "enable_sleep_mode": True}}
-    VLLMWeightSync(cfg, workers, trainers).sync()
+    done = VLLMWeightSync(cfg, workers, trainers).sync()
+    # its parts' seconds (the step's time/sync_<part>) add up to the whole sync
+    assert done["wake"] + done["send"] + done["finish"] == pytest.approx(done["seconds"])
+    assert all(done[k] >= 0 for k in ("wake", "send", "send_rank", "finish"))
     sends = [[c for c in ray.get(t.get_calls.remote()) if c[0] == "send"] for t in trainers]
     if placement == "colocated":
         assert sends == [[("send", ["w0", "w1"])], [("send", ["w0", "w1"])]]

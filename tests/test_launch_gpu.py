@@ -29,7 +29,9 @@ STEPS = 3
 COMMON = [
     "+experiment=mixed_rl", "rollout=vllm", "model.dtype=bfloat16", "trainer.device=cuda",
     f"trainer.total_steps={STEPS}", "trainer.save_every=0", "rollout.top_k=32", "rollout.max_new_tokens=64",
-    "rollout.enforce_eager=true", "trainer.lr=1e-3", "domains.general.weight=0.6",  # so the judge gets prompts "rewards.judge.gpu_memory_utilization=0.1", "logger.progress_bar=false",
+    "rollout.enforce_eager=true", "trainer.lr=1e-3",
+    "domains.general.weight=0.6",  # so the judge gets prompts
+    "rewards.judge.gpu_memory_utilization=0.1", "logger.progress_bar=false",
 ]
 PLACEMENTS = {
     # one GPU: worker + trainer rank (0.4 each), reference and judge (0.1 each) in the run's placement group

@@ -82,6 +82,11 @@ def test_children_die_with_sigkilled_owner(in_thread, tmp_path):
 
 
 # -- batching: cheap tasks travel to the workers several at a time, each keeping its own outcome ----------------
+def _sleepy(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
 def _cheap(x):  # module-level: pickled by reference into the pool's workers
     from rewards.spec import RewardZero
 
@@ -122,6 +127,27 @@ def test_cheap_tasks_go_in_batches_with_their_own_outcomes():
         assert pool.last_round_trips == BATCHES_PER_WORKER * 2  # 40 cheap tasks -> 8 batches of 5
         _check(again, xs)
         assert pool.restarts == 0
+    finally:
+        pool.close()
+
+
+def test_a_run_reports_what_it_cost():
+    """`last_run`: the run's seconds and the workers' own seconds per task (summed, and the slowest), which the
+    reward worker logs for the scoring left after generation."""
+    from rewards.process_pool import KillablePool
+    from rewards.worker import pool_summary
+
+    pool = KillablePool(2)
+    try:
+        pool.run([(_sleepy, (0.01,), 30.0), (_sleepy, (0.2,), 30.0), (_sleepy, (0.01,), 30.0)])
+        run = pool.last_run
+        assert run["tasks"] == 3
+        assert 0.2 <= run["slowest_s"] < 1.0
+        assert run["worker_s"] == pytest.approx(0.22, abs=0.1) and run["worker_s"] > run["slowest_s"]
+        assert run["wall_s"] >= run["slowest_s"]
+        text = pool_summary({**run, "decided_in_process": 5, "round_trips": pool.last_round_trips})
+        assert "5 decided in-process" in text and "3 tasks in 3 round trips" in text and "slowest task 0.2" in text
+        assert pool_summary({}) == ""
     finally:
         pool.close()
 

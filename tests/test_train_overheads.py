@@ -153,12 +153,16 @@ def test_hand_back_frees_what_is_missing_and_keeps_the_rest_cached():
 
 
 def test_engine_memory_share_is_vllms_gpu_memory_utilization():
-    assert engine_memory_share({"engine": "vllm", "gpu_memory_utilization": 0.3}) == 0.3
+    sleeps = {"enable_sleep_mode": True}
+    assert engine_memory_share({"engine": "vllm", "gpu_memory_utilization": 0.3, **sleeps}) == 0.3
     # auto is vLLM only where vLLM is installed (else the transformers engine, whose use is not bounded)
-    auto = engine_memory_share({"engine": "auto", "gpu_memory_utilization": 0.4})
+    auto = engine_memory_share({"engine": "auto", "gpu_memory_utilization": 0.4, **sleeps})
     assert auto == (0.4 if importlib.util.find_spec("vllm") else None)
-    assert engine_memory_share({"engine": "hf", "gpu_memory_utilization": 0.4}) is None
-    assert engine_memory_share({"engine": "vllm"}) is None
+    assert engine_memory_share({"engine": "hf", "gpu_memory_utilization": 0.4, **sleeps}) is None
+    assert engine_memory_share({"engine": "vllm", **sleeps}) is None
+    # an engine that never sleeps keeps its memory: it needs no room to wake up into, so nothing is handed back
+    assert engine_memory_share({"engine": "vllm", "gpu_memory_utilization": 0.3, "enable_sleep_mode": False}) == 0.0
+    assert engine_memory_share({"engine": "vllm", "gpu_memory_utilization": 0.3}) == 0.0
 
 
 @pytest.mark.gpu

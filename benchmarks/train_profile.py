@@ -9,6 +9,9 @@ engine logprobs near the policy's (so ratios stay near 1). The config is `+exper
     python benchmarks/train_profile.py --model smol [--samples 256 --len 192 --min-len 20] [--profile]
     python benchmarks/train_profile.py --model qwen06b --samples 128 --len 1024 --min-len 1024 \
         --override trainer.micro_batch_size=8
+
+`--reference` times the KL reference's forward instead (`FrozenModel.logprobs`, set up as in a run, colocated: it
+hands its cache back after each call); MFU then counts forward FLOPs only.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: top ops")
     ap.add_argument("--trace", help="with --profile: keep the Chrome/Perfetto trace there (gzipped JSON; "
                                     "benchmarks/trace_gaps.py reads it)")
+    ap.add_argument("--reference", action="store_true", help="time the reference's forward (FrozenModel.logprobs)")
     ap.add_argument("--bf16-partials", action="store_true",
                     help="the LM head's weight gradient as before: a bf16 product per chunk, widened and added "
                          "(rl.logprobs.add_outer's fallback), to compare with the float32-accumulating GEMM")
@@ -86,29 +90,45 @@ def main() -> None:
     cfg = build_cfg(path, args.device, args.samples, args.override)
     cuda = args.device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    store = open_store()  # the rendezvous the trainer joins
-    tr = PolicyTrainer(cfg, path, 0, 1, "127.0.0.1", store.port)
     trajs = trajectories(args.samples, args.prompt_len, args.min_len, args.len, AutoConfig.from_pretrained(path).vocab_size)
     norm = (len(trajs), int(sum(t.num_response_tokens for t in trajs)))
     tokens = sum(t.num_tokens for t in trajs)
+    if args.reference:
+        from trainer.frozen import FrozenModel
+
+        tr = FrozenModel(cfg, path)
+        device, what = tr.device, "reference forward"
+
+        def step_once() -> str:
+            tr.logprobs(trajs)
+            return f"{len(tr._chunks(trajs))} micro-batches"
+    else:
+        store = open_store()  # the rendezvous the trainer joins
+        tr = PolicyTrainer(cfg, path, 0, 1, "127.0.0.1", store.port)
+        device, what = tr.engine.device, "train step"
+
+        def step_once() -> str:
+            return f"{tr.train_step([trajs], [norm])['micro_batches']:.0f} micro-batches"
     from rl.flops import body_flops, peak_tflops
 
-    # perf/mfu's count (rl/flops.py): body FLOPs of forward + backward over every trained token
-    flops = sum(body_flops(AutoConfig.from_pretrained(path)).train(t.num_tokens) for t in trajs)
+    # perf/mfu's count (rl/flops.py): body FLOPs of forward + backward over every trained token (forward only for
+    # the reference, as perf/ref_tflops counts it)
+    counts = body_flops(AutoConfig.from_pretrained(path))
+    flops = sum((counts.forward if args.reference else counts.train)(t.num_tokens) for t in trajs)
     peak = peak_tflops(torch.cuda.get_device_name()) if cuda else None
-    print(f"{args.model}: {args.samples} samples, {tokens} tokens, micro_batch_size {cfg['trainer']['micro_batch_size']}, "
-          f"packed {tr.packed}, head {tr.head}, gradient checkpointing {cfg['trainer']['gradient_checkpointing']}, "
-          f"{torch.cuda.get_device_name() if cuda else 'cpu'}", flush=True)
+    print(f"{args.model} {what}: {args.samples} samples, {tokens} tokens, micro_batch_size "
+          f"{cfg['trainer']['micro_batch_size']}, packed {tr.packed}, head {tr.head}, gradient checkpointing "
+          f"{cfg['trainer']['gradient_checkpointing']}, {torch.cuda.get_device_name() if cuda else 'cpu'}", flush=True)
     for step in range(args.steps):
         sync()
         t0 = time.perf_counter()
-        sums = tr.train_step([trajs], [norm])
+        done = step_once()
         sync()
         dt = time.perf_counter() - t0
         mfu = f", MFU {100 * flops / dt / 1e12 / peak:.1f}%" if peak else ""
         mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
-        print(f"step {step}: {dt:.3f} s ({tokens / dt:,.0f} tokens/s{mfu}), {sums['micro_batches']:.0f} micro-batches, "
-              f"peak memory {mem:.1f} GiB", flush=True)
+        print(f"step {step}: {dt:.3f} s ({tokens / dt:,.0f} tokens/s{mfu}), {done}, peak memory {mem:.1f} GiB",
+              flush=True)
     if args.profile:  # what a run writes with trainer.profile_step (trainer/profiling.py): printed, trace kept
         import shutil
         import tempfile
@@ -117,8 +137,8 @@ def main() -> None:
 
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "train_step"
-            with profiled(out, tr.engine.device):
-                tr.train_step([trajs], [norm])
+            with profiled(out, device):
+                step_once()
             print(out.with_name(out.name + ".txt").read_text())
             if args.trace:
                 shutil.move(str(out.with_name(out.name + ".json.gz")), args.trace)

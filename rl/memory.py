@@ -83,6 +83,18 @@ def activation_bytes(config, tokens: int, dtype_bytes: int = 2, checkpointing: b
     return int(scale * (per_token + 6 * h) * tokens + head)
 
 
+def forward_bytes(config, tokens: int, dtype_bytes: int = 2, head_chunk: int = 1024,
+                  head_bytes: int = HEAD_BYTES_EAGER) -> int:
+    """Peak bytes of a forward without autograd over `tokens` positions (the reference's): nothing is kept from one
+    decoder layer to the next, so one layer's tensors at a time (at most the set that layer saves for backward in
+    training: the fit above), the hidden states going in and out of it (4 h) and the embeddings' share (6 h), and
+    the head's chunk. A measured no-grad forward peaks at about half of this (tests/test_memory.py)."""
+    h = config_get(config, "hidden_size")
+    per_token = max(_layer_bytes_16bit(config)) + 10 * h
+    head = head_bytes * min(head_chunk, tokens) * config_get(config, "vocab_size", default=0)
+    return int(max(dtype_bytes, 2) / 2 * per_token * tokens + head)
+
+
 def micro_batch_tokens(trajs, packed: bool) -> int:
     """Positions the model runs over for one micro-batch: the sum of lengths packed, rows x the longest padded."""
     lengths = [t.num_tokens for t in trajs]
@@ -90,16 +102,21 @@ def micro_batch_tokens(trajs, packed: bool) -> int:
 
 
 def max_tokens_within(config, budget_bytes: float, dtype_bytes: int = 2, head_chunk: int = 1024,
-                      head_bytes: int = HEAD_BYTES_EAGER) -> int:
-    """The most positions one micro-batch may hold for its activations (`activation_bytes`, no recomputation) to
-    stay within `budget_bytes`; at least 1."""
+                      head_bytes: int = HEAD_BYTES_EAGER, forward_only: bool = False) -> int:
+    """The most positions one micro-batch may hold for its activations (`activation_bytes`, no recomputation; with
+    `forward_only`, `forward_bytes`: a forward without autograd) to stay within `budget_bytes`; at least 1."""
+    def need(tokens: int) -> int:
+        if forward_only:
+            return forward_bytes(config, tokens, dtype_bytes, head_chunk, head_bytes)
+        return activation_bytes(config, tokens, dtype_bytes, False, head_chunk, head_bytes)
+
     lo, hi = 1, 1
-    while activation_bytes(config, hi * 2, dtype_bytes, False, head_chunk, head_bytes) <= budget_bytes and hi < 2**40:
+    while need(hi * 2) <= budget_bytes and hi < 2**40:
         hi *= 2
     hi *= 2
-    while lo < hi:  # the largest t with activation_bytes(t) <= budget (activation_bytes grows with t)
+    while lo < hi:  # the largest t with need(t) <= budget (need grows with t)
         mid = (lo + hi + 1) // 2
-        if activation_bytes(config, mid, dtype_bytes, False, head_chunk, head_bytes) <= budget_bytes:
+        if need(mid) <= budget_bytes:
             lo = mid
         else:
             hi = mid - 1

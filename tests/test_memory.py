@@ -1,11 +1,16 @@
 """rl/memory.py: the activation estimate behind trainer.gradient_checkpointing=auto, against what autograd really
-saves (saved_tensors_hooks, each storage once, parameters excluded) on small bf16 models of three families."""
+saves (saved_tensors_hooks, each storage once, parameters excluded) on small bf16 models of three families; the
+no-grad forward's estimate (the reference's micro-batches) against the peak of the tensors a forward allocates."""
+
+import weakref
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rl.memory import activation_bytes, micro_batch_tokens, should_checkpoint
+from rl.memory import activation_bytes, forward_bytes, micro_batch_tokens, should_checkpoint
 from rl.trajectory import Trajectory
 
 SHAPES = {
@@ -57,6 +62,60 @@ def test_estimate_matches_what_autograd_saves(name):
     assert measured_ckpt < measured / 3
 
 
+class LiveBytes(TorchDispatchMode):
+    """The peak bytes of the storages ops allocate while the mode is on (the tensors that existed before, such as
+    parameters and inputs, are not counted): a storage counts from the op that made it until the last tensor on it,
+    views included, is gone."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.refs: dict[int, list[int]] = {}  # storage -> [tensors alive on it, bytes]
+
+    def _gone(self, key: int) -> None:
+        ref = self.refs[key]
+        ref[0] -= 1
+        if ref[0] == 0:
+            self.live -= ref[1]
+            del self.refs[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor) or t.untyped_storage().nbytes() == 0:
+                continue
+            key = t.untyped_storage().data_ptr()
+            if key not in self.refs:
+                if key in before:
+                    continue  # a view of a tensor from outside (a parameter, the input)
+                self.refs[key] = [0, t.untyped_storage().nbytes()]
+                self.live += self.refs[key][1]
+                self.peak = max(self.peak, self.live)
+            self.refs[key][0] += 1
+            weakref.finalize(t, self._gone, key)
+        return out
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3-wide-mlp", "llama"])
+def test_forward_estimate_covers_a_no_grad_forward(name):
+    """The reference's forward keeps nothing from one layer to the next: its peak grows with one layer's tensors,
+    not with the depth; the estimate covers it (with room: about half of it is used) and is a fraction of what
+    training keeps."""
+    config = AutoConfig.for_model(**SHAPES[name], num_hidden_layers=4)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+    for tokens in (256, 1024):
+        ids = torch.randint(0, config.vocab_size, (2, tokens // 2))
+        with torch.no_grad(), LiveBytes() as mode:
+            model.model(input_ids=ids)  # the body: the head is the chunk term, as for training
+        estimate = forward_bytes(config, tokens, dtype_bytes=2, head_chunk=0)
+        assert mode.peak <= estimate < 4 * mode.peak, (tokens, mode.peak, estimate)
+        assert estimate < activation_bytes(config, tokens, dtype_bytes=2, head_chunk=0) / 2
+    deeper = AutoConfig.for_model(**SHAPES[name], num_hidden_layers=8)
+    assert forward_bytes(deeper, 1024, head_chunk=0) == forward_bytes(config, 1024, head_chunk=0)
+
+
 def test_head_and_dtype_terms():
     config = AutoConfig.for_model(**SHAPES["qwen3"], num_hidden_layers=4)
     body = activation_bytes(config, 4096, head_chunk=0)
@@ -87,6 +146,10 @@ def test_max_tokens_within_inverts_the_estimate():
             t = max_tokens_within(config, budget, dtype_bytes, chunk)
             assert t == 1 or activation_bytes(config, t, dtype_bytes, head_chunk=chunk) <= budget
             assert activation_bytes(config, t + 1, dtype_bytes, head_chunk=chunk) > budget
+            f = max_tokens_within(config, budget, dtype_bytes, chunk, forward_only=True)  # the reference's forwards
+            assert f == 1 or forward_bytes(config, f, dtype_bytes, head_chunk=chunk) <= budget
+            assert forward_bytes(config, f + 1, dtype_bytes, head_chunk=chunk) > budget
+            assert f >= t
 
 
 def test_the_compiled_head_is_counted_at_its_own_bytes_per_logit():

@@ -104,7 +104,7 @@ def test_auto_micro_batches_follow_the_free_memory_and_give_the_same_update(setu
     logprobs."""
     import trainer.dist as dist
     from rl.config import head_options
-    from rl.memory import activation_bytes, head_logit_bytes, max_tokens_within, micro_batch_tokens
+    from rl.memory import activation_bytes, forward_bytes, head_logit_bytes, max_tokens_within, micro_batch_tokens
 
     cfg, trajs, path = setup
     norms = [(len(trajs), int(sum(t.num_response_tokens for t in trajs)))]
@@ -130,7 +130,15 @@ def test_auto_micro_batches_follow_the_free_memory_and_give_the_same_update(setu
         assert abs(sums["grad_norm"] - sums_fixed["grad_norm"]) < 1e-5 * sums_fixed["grad_norm"]
         assert all(float((after[k] - after_fixed[k]).abs().max()) < 1e-3 for k in after)
         assert any(not torch.equal(before[k], after[k]) for k in after)
-    monkeypatch.setattr(dist, "free_memory_bytes", lambda device: activation_bytes(config, 2 * longest, 4) / 0.6)
+    # the reference sizes its forwards by what a forward without autograd holds: where training needs several
+    # micro-batches it runs in one, and it cuts its forwards when even that does not fit
+    everything = len(trajs) * longest
+    monkeypatch.setattr(dist, "free_memory_bytes",
+                        lambda device: forward_bytes(config, everything, 4, chunk, per_logit) / share)
+    assert len(FrozenModel(auto, path)._chunks(trajs)) == 1
+    assert len(PolicyTrainer(auto, path, 0, 1, "127.0.0.1", _port())._auto_micro_batches([trajs], "padded")[0]) > 1
+    monkeypatch.setattr(dist, "free_memory_bytes",
+                        lambda device: forward_bytes(config, 2 * longest, 4, chunk, per_logit) / share)
     ref = FrozenModel(auto, path)
     assert len(ref._chunks(trajs)) > 1
     for lp_auto, lp in zip(ref.logprobs(trajs), FrozenModel(fixed, path).logprobs(trajs)):

@@ -167,14 +167,15 @@ def hand_back(device, missing: int) -> None:
 
 
 def auto_micro_batch_counts(batches: list[list], layout: str, device, model_config, dtype: str,
-                            head: dict, memory_share: float) -> list[int]:
+                            head: dict, memory_share: float, forward_only: bool = False) -> list[int]:
     """trainer.micro_batch_size=auto: for each batch the fewest micro-batches (`rl.batching.micro_batch_count`)
-    whose activations (rl/memory.py) fit `memory_share` (trainer.micro_batch_memory) of the GPU memory free now (a
-    colocated vLLM is asleep); AUTO_MICRO_BATCH_CPU samples each on CPU."""
+    whose activations (rl/memory.py; `forward_only`: of a forward without autograd, the reference's) fit
+    `memory_share` (trainer.micro_batch_memory) of the GPU memory free now (a colocated vLLM is asleep);
+    AUTO_MICRO_BATCH_CPU samples each on CPU."""
     free = free_memory_bytes(device)
     if free is None:
         return [-(-len(b) // AUTO_MICRO_BATCH_CPU) for b in batches]
     dtype_bytes = torch_dtype(dtype).itemsize
     budget = max_tokens_within(model_config, memory_share * free, dtype_bytes, int(head["chunk_size"]),
-                               head_logit_bytes(head, dtype_bytes))
+                               head_logit_bytes(head, dtype_bytes), forward_only)
     return [micro_batch_count(b, budget, layout) for b in batches]

@@ -65,12 +65,13 @@ class FrozenModel:
 
     def _chunks(self, trajs: list[Trajectory]) -> list[list[Trajectory]]:
         """Forward batches of samples of similar length (little padding when not packed): `trainer.micro_batch_size`
-        samples each, or with `auto` as few as the free GPU memory allows (`trainer.dist.auto_micro_batch_counts`;
-        the estimate is the trainer's, which keeps more for backward, so it errs on the safe side)."""
+        samples each, or with `auto` as few as the free GPU memory allows (`trainer.dist.auto_micro_batch_counts`,
+        with the estimate of a forward without autograd: one layer's tensors at a time, not every layer's as
+        training keeps for backward, so a step's reference forward usually runs in one or two batches)."""
         layout = "packed" if self.packed else "padded"
         size = self.cfg["trainer"]["micro_batch_size"]
         if str(size) != "auto":
             return micro_batches(trajs, -(-len(trajs) // int(size)), layout)
         (n,) = auto_micro_batch_counts([trajs], layout, self.device, self.model.config, self.cfg["model"]["dtype"],
-                                       self.head, micro_batch_memory(self.cfg))
+                                       self.head, micro_batch_memory(self.cfg), forward_only=True)
         return micro_batches(trajs, n, layout)

@@ -99,9 +99,18 @@ def main() -> None:
         tr = FrozenModel(cfg, path)
         device, what = tr.device, "reference forward"
 
+        planned, plan = [], tr._chunks
+
+        def chunks_recorded(ts):  # the forwards `logprobs` plans, counted as it plans them
+            out = plan(ts)
+            planned.append(len(out))
+            return out
+
+        tr._chunks = chunks_recorded
+
         def step_once() -> str:
             tr.logprobs(trajs)
-            return f"{len(tr._chunks(trajs))} micro-batches"
+            return f"{planned[-1]} micro-batches"
     else:
         store = open_store()  # the rendezvous the trainer joins
         tr = PolicyTrainer(cfg, path, 0, 1, "127.0.0.1", store.port)

@@ -155,6 +155,10 @@ class RewardComposer:
                       if "pool" in runners else None)
         self._threads = (cf.ThreadPoolExecutor(self.code_parallel, thread_name_prefix="reward-code")
                          if "threads" in runners else None)
+        # reward parts whose zeros with a reason were warned about: later batches log them at INFO (a batch scored
+        # during generation is ~16 samples, so an untrained model's format misses would warn every few steps' worth)
+        self._zeros_warned: set[str] = set()
+        self.last_pool_run: dict = {}
 
     # --------------------------------------------------------------------------------------------- building
     def _build_domain(self, domain: str, parts_cfg: Any) -> list[Part]:
@@ -390,7 +394,10 @@ class RewardComposer:
         if warned > MAX_WARNINGS_PER_BATCH:
             logger.warning("reward: %d part failures in this batch (first %d logged)", warned, MAX_WARNINGS_PER_BATCH)
         for key, reasons in zero_reasons.items():
-            logger.warning("reward %s: %d sample(s) scored 0 with a reason, e.g. %r", key, len(reasons), reasons[0])
+            first = key not in self._zeros_warned
+            self._zeros_warned.add(key)
+            logger.log(logging.WARNING if first else logging.INFO, "reward %s: %d sample(s) scored 0 with a reason, "
+                       "e.g. %r%s", key, len(reasons), reasons[0], " (from now on logged at INFO)" if first else "")
 
     def close(self) -> None:
         if self._pool is not None:

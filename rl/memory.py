@@ -85,10 +85,13 @@ def activation_bytes(config, tokens: int, dtype_bytes: int = 2, checkpointing: b
 
 def forward_bytes(config, tokens: int, dtype_bytes: int = 2, head_chunk: int = 1024,
                   head_bytes: int = HEAD_BYTES_EAGER) -> int:
-    """Peak bytes of a forward without autograd over `tokens` positions (the reference's): nothing is kept from one
-    decoder layer to the next, so one layer's tensors at a time (at most the set that layer saves for backward in
-    training: the fit above), the hidden states going in and out of it (4 h) and the embeddings' share (6 h), and
-    the head's chunk. A measured no-grad forward peaks at about half of this (tests/test_memory.py)."""
+    """Peak bytes of a forward without autograd and without a KV cache over `tokens` positions (the reference's):
+    nothing is kept from one decoder layer to the next, so one layer's tensors at a time (at most the set that layer
+    saves for backward in training: the fit above), the hidden states going in and out of it (4 h) and the
+    embeddings' share (6 h), and the head's chunk. Padded rows, or packed ones with flash-attention: packed rows with
+    sdpa/eager attention also hold a mask over the row's whole length, not counted here. A measured scoring forward
+    (`trainer.forward.forward_logprobs`, no grad) peaks at 34-48% of this on CPU, whatever the depth
+    (tests/test_memory.py)."""
     h = config_get(config, "hidden_size")
     per_token = max(_layer_bytes_16bit(config)) + 10 * h
     head = head_bytes * min(head_chunk, tokens) * config_get(config, "vocab_size", default=0)

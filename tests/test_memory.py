@@ -97,23 +97,38 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3-wide-mlp", "llama"])
-def test_forward_estimate_covers_a_no_grad_forward(name):
-    """The reference's forward keeps nothing from one layer to the next: its peak grows with one layer's tensors,
-    not with the depth; the estimate covers it (with room: about half of it is used) and is a fraction of what
-    training keeps."""
-    config = AutoConfig.for_model(**SHAPES[name], num_hidden_layers=4)
+def _scoring_forward_peak(config, tokens: int) -> int:
+    """Peak bytes the reference's scoring forward allocates (`trainer.forward.forward_logprobs` as FrozenModel runs
+    it: eval mode, no grad, the model's own use_cache setting left as loaded) over two padded rows of tokens/2."""
+    from rl.trajectory import Trajectory, collate
+    from trainer.forward import forward_logprobs
+
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+    half = tokens // 2
+    trajs = [Trajectory(uid=str(i), group_id="g", domain="d", prompt_ids=torch.randint(0, 1000, (8,)).numpy(),
+                        response_ids=torch.randint(0, 1000, (half - 8,)).numpy(),
+                        inference_logprobs=torch.zeros(half - 8).numpy()) for i in range(2)]
+    batch = collate(trajs, pad_id=0)
+    with torch.no_grad(), LiveBytes() as mode:
+        forward_logprobs(model, batch, temperature=1.0, chunk_size=64)
+    return mode.peak
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3-wide-mlp", "llama", "qwen3-moe"])
+def test_forward_estimate_covers_a_no_grad_forward(name):
+    """The reference's forward keeps nothing from one layer to the next (no autograd, no KV cache): its peak does not
+    grow with the depth, and the estimate covers it (with room: about half is used) at a fraction of what training
+    keeps."""
+    config = AutoConfig.for_model(**SHAPES[name], num_hidden_layers=4)
+    deeper = AutoConfig.for_model(**SHAPES[name], num_hidden_layers=12)
     for tokens in (256, 1024):
-        ids = torch.randint(0, config.vocab_size, (2, tokens // 2))
-        with torch.no_grad(), LiveBytes() as mode:
-            model.model(input_ids=ids)  # the body: the head is the chunk term, as for training
-        estimate = forward_bytes(config, tokens, dtype_bytes=2, head_chunk=0)
-        assert mode.peak <= estimate < 4 * mode.peak, (tokens, mode.peak, estimate)
-        assert estimate < activation_bytes(config, tokens, dtype_bytes=2, head_chunk=0) / 2
-    deeper = AutoConfig.for_model(**SHAPES[name], num_hidden_layers=8)
-    assert forward_bytes(deeper, 1024, head_chunk=0) == forward_bytes(config, 1024, head_chunk=0)
+        peak, peak_deeper = _scoring_forward_peak(config, tokens), _scoring_forward_peak(deeper, tokens)
+        estimate = forward_bytes(config, tokens, dtype_bytes=2, head_chunk=64, head_bytes=12)
+        assert peak <= estimate < 4 * peak, (tokens, peak, estimate)
+        assert peak_deeper < 1.1 * peak, (tokens, peak, peak_deeper)  # a KV cache would hold every layer's K, V
+        assert forward_bytes(deeper, tokens, head_chunk=64, head_bytes=12) == estimate
+        assert estimate < activation_bytes(config, tokens, dtype_bytes=2, head_chunk=64) / 2
 
 
 def test_head_and_dtype_terms():

@@ -263,3 +263,18 @@ def test_score_takes_its_groups_queued_samples_with_the_rest(monkeypatch):
     thread_first = CALLS.index("Answer: 1") < CALLS.index("Answer: 7")  # it took g1's queued sample before `score`
     assert stats == {"scored": 2, "used": int(thread_first), "kept": 2}  # g0's and other's results stay
     w.close()
+
+
+def test_zeros_with_a_reason_warn_once_per_part(caplog):
+    """A part's zeros with a reason (an answer in the wrong format: expected, not a failure) are a warning the first
+    time and INFO after: samples scored during generation come in many small batches per step."""
+    import logging
+
+    c = RewardComposer({"math": [{"name": "math"}]}, {"num_workers": 1}, 10)
+    with caplog.at_level(logging.INFO, logger="rewards.compose"):
+        for _ in range(3):
+            t = c.score([traj("I do not know.", domain="math")])[0]
+            assert t.reward == 0.0 and t.reward_error and not t.reward_failed
+    lines = [r for r in caplog.records if "scored 0 with a reason" in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.WARNING, logging.INFO, logging.INFO]
+    c.close()

@@ -137,6 +137,10 @@ def test_auto_micro_batches_follow_the_free_memory_and_give_the_same_update(setu
                         lambda device: forward_bytes(config, everything, 4, chunk, per_logit) / share)
     assert len(FrozenModel(auto, path)._chunks(trajs)) == 1
     assert len(PolicyTrainer(auto, path, 0, 1, "127.0.0.1", _port())._auto_micro_batches([trajs], "padded")[0]) > 1
+    # packed rows without flash-attention carry a mask over their whole length: sized like training's micro-batches
+    packed = copy.deepcopy(auto)
+    packed["trainer"]["pack_sequences"] = True
+    assert not FrozenModel(packed, path).forward_only_estimate and len(FrozenModel(packed, path)._chunks(trajs)) > 1
     monkeypatch.setattr(dist, "free_memory_bytes",
                         lambda device: forward_bytes(config, 2 * longest, 4, chunk, per_logit) / share)
     ref = FrozenModel(auto, path)

@@ -148,7 +148,9 @@ def forward_logprobs(
     else:
         # No padding mask: rows are right-padded and the model is causal, so every scored position sees real tokens
         # only, with or without one; none is built (on the 0.6B benchmark this measured the same speed either way).
-        hidden = body(input_ids=batch.input_ids).last_hidden_state
+        # No KV cache either: a model in eval mode (the reference) would otherwise keep every layer's K and V until
+        # the forward returns, memory the no-grad estimate (rl.memory.forward_bytes) does not count.
+        hidden = body(input_ids=batch.input_ids, use_cache=False).last_hidden_state
     hidden = hidden.reshape(-1, hidden.shape[-1])[batch.logit_index]
     weight, bias = head.weight, getattr(head, "bias", None)
     if fp32_head and hidden.dtype in (torch.bfloat16, torch.float16):

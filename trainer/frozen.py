@@ -33,6 +33,7 @@ class FrozenModel:
             model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"), self.device
         ).eval()
         self.model.requires_grad_(False)
+        self.model.config.use_cache = False  # it scores whole sequences: a KV cache would only hold memory
         if cfg["trainer"].get("compile"):
             compile_layers(self.model)
         self.temperature = logprob_temperature(cfg["rollout"]) / logit_scale(self.model)
@@ -41,6 +42,10 @@ class FrozenModel:
         self.packed = pack_sequences(cfg)
         self.head = head_options(cfg)
         self.colocated = rollout_placement(cfg["rollout"]) == "colocated"  # vLLM wakes up after us
+        # Packed rows without flash-attention get a block-diagonal mask over their whole length (memory grows with its
+        # square, which the estimate does not count): then the forwards are sized like the trainer's micro-batches
+        self.forward_only_estimate = not self.packed or str(
+            cfg["model"].get("attn_implementation") or "").startswith("flash_attention")
 
     def ready(self) -> bool:
         return True
@@ -66,12 +71,13 @@ class FrozenModel:
     def _chunks(self, trajs: list[Trajectory]) -> list[list[Trajectory]]:
         """Forward batches of samples of similar length (little padding when not packed): `trainer.micro_batch_size`
         samples each, or with `auto` as few as the free GPU memory allows (`trainer.dist.auto_micro_batch_counts`,
-        with the estimate of a forward without autograd: one layer's tensors at a time, not every layer's as
-        training keeps for backward, so a step's reference forward usually runs in one or two batches)."""
+        with the estimate of a forward without autograd or KV cache: one layer's tensors at a time, not every
+        layer's as training keeps for backward, so a step's reference forward usually runs in one or two batches;
+        packed without flash-attention, the trainer's estimate, see `forward_only_estimate`)."""
         layout = "packed" if self.packed else "padded"
         size = self.cfg["trainer"]["micro_batch_size"]
         if str(size) != "auto":
             return micro_batches(trajs, -(-len(trajs) // int(size)), layout)
         (n,) = auto_micro_batch_counts([trajs], layout, self.device, self.model.config, self.cfg["model"]["dtype"],
-                                       self.head, micro_batch_memory(self.cfg), forward_only=True)
+                                       self.head, micro_batch_memory(self.cfg), self.forward_only_estimate)
         return micro_batches(trajs, n, layout)

@@ -158,7 +158,7 @@ class RewardComposer:
         # reward parts whose zeros with a reason were warned about: later batches log them at INFO (a batch scored
         # during generation is ~16 samples, so an untrained model's format misses would warn every few steps' worth)
         self._zeros_warned: set[str] = set()
-        self.last_pool_run: dict = {}
+        self.last_pool_run: dict = {}  # set by each `score` call
 
     # --------------------------------------------------------------------------------------------- building
     def _build_domain(self, domain: str, parts_cfg: Any) -> list[Part]:
@@ -181,7 +181,7 @@ class RewardComposer:
         )
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:
-        self.last_pool_run: dict = {}  # what this call's pool parts cost (`_run_pool`; the reward worker logs it)
+        self.last_pool_run = {}  # what this call's pool parts cost (`_run_pool`; the reward worker logs it)
         jobs: dict[str, list[tuple[int, int, SampleView]]] = defaultdict(list)  # runner -> (traj, part, view)
         results: dict[tuple[int, int], _Result] = {}
         for ti, t in enumerate(trajs):

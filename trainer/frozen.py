@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from rl.batching import micro_batches
-from rl.config import head_options, logprob_temperature, micro_batch_memory, pack_sequences, rollout_placement
+from rl.config import (flash_attention, head_options, logprob_temperature, micro_batch_memory, pack_sequences,
+                       rollout_placement)
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
 from trainer.dist import auto_micro_batch_counts, pick_device, release_cached_memory
@@ -33,7 +34,6 @@ class FrozenModel:
             model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"), self.device
         ).eval()
         self.model.requires_grad_(False)
-        self.model.config.use_cache = False  # it scores whole sequences: a KV cache would only hold memory
         if cfg["trainer"].get("compile"):
             compile_layers(self.model)
         self.temperature = logprob_temperature(cfg["rollout"]) / logit_scale(self.model)
@@ -44,8 +44,7 @@ class FrozenModel:
         self.colocated = rollout_placement(cfg["rollout"]) == "colocated"  # vLLM wakes up after us
         # Packed rows without flash-attention get a block-diagonal mask over their whole length (memory grows with its
         # square, which the estimate does not count): then the forwards are sized like the trainer's micro-batches
-        self.forward_only_estimate = not self.packed or str(
-            cfg["model"].get("attn_implementation") or "").startswith("flash_attention")
+        self.forward_only_estimate = not self.packed or flash_attention(cfg)
 
     def ready(self) -> bool:
         return True

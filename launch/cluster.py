@@ -24,7 +24,7 @@ from launch.placement import ColocatedPlacement
 from rewards.judge import uses_rubric_judge
 from rewards.worker import RewardWorker
 from rl.batching import minibatch_norm, split_even
-from rl.config import needs_reference
+from rl.config import engines_per_gpu, needs_reference
 from rl.trajectory import Trajectory
 from rollout.judge_worker import JudgeWorker
 from rollout.worker import RolloutWorker
@@ -160,9 +160,25 @@ class ActorPool:
     """Stateless workers of one class; each call splits its items evenly across them (`rl.batching.split_even`)."""
 
     def __init__(self, name: str, factory: Callable[[int], ray.actor.ActorHandle], size: int,
-                 on_restart: Callable[[ray.actor.ActorHandle], None] | None = None, timeout_s: float | None = None):
+                 on_restart: Callable[[ray.actor.ActorHandle], None] | None = None, timeout_s: float | None = None,
+                 start_waves: int = 1):
+        """`start_waves` > 1: start the workers in that many waves (wave w: workers i with i % start_waves == w), each
+        wave ready before the next starts: vLLM instances sharing a GPU must not profile its memory at the same time
+        (each would count the other's allocations as its own)."""
         self.name, self.factory, self.on_restart, self.timeout_s = name, factory, on_restart, timeout_s
-        self.actors = [factory(i) for i in range(size)]
+        self.actors: list = [None] * size
+        try:
+            for wave in range(start_waves):
+                started = range(wave, size, start_waves)
+                for i in started:
+                    self.actors[i] = factory(i)
+                if start_waves > 1:
+                    ray.get([self.actors[i].ready.remote() for i in started])
+        except BaseException:  # the caller never gets the pool: stop what started
+            for a in self.actors:
+                if a is not None:
+                    ray.kill(a)
+            raise
 
     def wait_ready(self) -> None:
         ray.get([a.ready.remote() for a in self.actors])
@@ -201,7 +217,7 @@ class Cluster:
         self._latest_weights = None
         self._store = None  # the trainer ranks' rendezvous (RendezvousStore)
         self._weight_sync = None  # vLLM: GPU weight sync (launch/weight_sync.py); hf: the object store, below
-        self._placement = ColocatedPlacement(cfg)  # colocated vLLM: worker i and trainer rank i share GPU i
+        self._placement = ColocatedPlacement(cfg)  # colocated vLLM: trainer rank i and its workers share GPU i
         self.rollout = self.rewards = self.judge = self.reference = None
         self.trainers: list = []
         try:
@@ -215,10 +231,11 @@ class Cluster:
         rollout_cls = ray.remote(num_cpus=r["num_cpus"], num_gpus=r["num_gpus"])(RolloutWorker)
         self.rollout = ActorPool(
             "rollout",
-            lambda i: rollout_cls.options(**self._placement.options(i)).remote(cfg, model_path, i),
+            lambda i: rollout_cls.options(**self._placement.worker_options(i)).remote(cfg, model_path, i),
             int(r["num_workers"]),
             on_restart=self._reload_worker,
             timeout_s=r.get("timeout_s"),
+            start_waves=engines_per_gpu(cfg),
         )
         if r["engine"] != "hf":
             self.rollout.wait_ready()  # vLLM profiles GPU memory at start: start it before the trainers allocate

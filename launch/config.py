@@ -16,10 +16,10 @@ from pathlib import Path
 
 import yaml
 
-from launch.placement import check_gpu_layout, is_colocated_vllm
+from launch.placement import check_gpu_layout
 from launch.tracking import wandb_mode
 from rewards.compose import check_reward_specs, reward_section_keys
-from rl.config import ConfigError, check_number, resolve_auto, to_plain, validate
+from rl.config import ConfigError, check_number, is_colocated_vllm, resolve_auto, to_plain, validate
 from rl.models import resolve_model_path
 from trainer.objectives import OBJECTIVES
 

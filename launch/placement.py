@@ -2,9 +2,10 @@
 (a wrong share would otherwise hang in Ray, waiting for resources that never come).
 
 `rollout.placement`:
-- colocated: one Ray placement group with one GPU per trainer rank; rollout worker i and trainer rank i share
-  bundle i (their fractional `num_gpus` split the GPU); the reference model and the rubric judge join GPU 0 when
-  they ask for a fraction of a GPU (a whole GPU or more is placed outside the group, on a GPU of its own).
+- colocated: one Ray placement group with one GPU per trainer rank; the rollout workers of GPU i (k =
+  `rl.config.engines_per_gpu` of them: workers i*k .. i*k+k-1) and trainer rank i share bundle i (their fractional
+  `num_gpus` split the GPU); the reference model and the rubric judge join GPU 0 when they ask for a fraction of a
+  GPU (a whole GPU or more is placed outside the group, on a GPU of its own).
 - split: vLLM workers own their GPUs; no group.
 """
 
@@ -13,14 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rewards.judge import uses_rubric_judge
-from rl.config import ConfigError, check_choice, needs_reference, rollout_placement
-
-
-def is_colocated_vllm(cfg: Mapping) -> bool:
-    """vLLM (or auto) rollouts that share their GPUs with the trainer ranks."""
-    r = cfg["rollout"]
-    return r["engine"] != "hf" and rollout_placement(r) == "colocated" and float(r.get("num_gpus") or 0) > 0
-
+from rl.config import ConfigError, check_choice, engines_per_gpu, is_colocated_vllm, needs_reference
 
 def check_gpu_layout(cfg: Mapping) -> None:
     """The vLLM placement and every actor's GPU share; raises ConfigError naming the key."""
@@ -28,12 +22,12 @@ def check_gpu_layout(cfg: Mapping) -> None:
     if "placement" in r:
         check_choice(r, "placement", "rollout", {"colocated", "split"})
     if is_colocated_vllm(cfg):
-        if int(r["num_workers"]) != int(t["num_processes"]) or int(r.get("tensor_parallel_size", 1)) != 1:
+        if int(r["num_workers"]) % int(t["num_processes"]) or int(r.get("tensor_parallel_size", 1)) != 1:
             raise ConfigError(
-                "rollout.placement=colocated pairs trainer rank i with rollout worker i on one GPU: it needs "
-                f"rollout.num_workers == trainer.num_processes (got {r['num_workers']} and {t['num_processes']}) "
-                f"and rollout.tensor_parallel_size == 1 (got {r.get('tensor_parallel_size', 1)}); use "
-                "rollout.placement=split for tensor-parallel rollouts"
+                "rollout.placement=colocated puts rollout.num_workers / trainer.num_processes vLLM instances on each "
+                "trainer rank's GPU: it needs rollout.num_workers to be a multiple of trainer.num_processes (got "
+                f"{r['num_workers']} and {t['num_processes']}) and rollout.tensor_parallel_size == 1 (got "
+                f"{r.get('tensor_parallel_size', 1)}); use rollout.placement=split for tensor-parallel rollouts"
             )
     colocated_shares(cfg)
     if t.get("device") == "cuda" and needs_reference(cfg) and not float(t.get("ref_num_gpus") or 0):
@@ -54,7 +48,8 @@ def colocated_shares(cfg: Mapping) -> dict[str, float]:
     if gpus_t <= 0:
         raise ConfigError(f"rollout.placement=colocated: trainer.num_gpus must be > 0 (e.g. 0.5) to share the "
                           f"rollout worker's GPU, got {gpus_t}")
-    shares = {"rollout.num_gpus": gpus_r, "trainer.num_gpus": gpus_t}
+    k = engines_per_gpu(cfg)
+    shares = {"rollout.num_gpus" if k == 1 else f"{k} x rollout.num_gpus": gpus_r * k, "trainer.num_gpus": gpus_t}
     extra = {"trainer.ref_num_gpus": float(t.get("ref_num_gpus") or 0) if needs_reference(cfg) else 0.0,
              "rewards.judge.num_gpus": float(((cfg.get("rewards") or {}).get("judge") or {}).get("num_gpus") or 0)
              if uses_rubric_judge(cfg.get("domains") or {}) else 0.0}
@@ -66,8 +61,9 @@ def colocated_shares(cfg: Mapping) -> dict[str, float]:
 
 
 class ColocatedPlacement:
-    """Colocated vLLM's placement group. `options(i)` / `options("reference")` / `options("judge")` give the Ray
-    `.options(...)` kwargs ({} when not colocated, or for a role placed outside the group)."""
+    """Colocated vLLM's placement group. `options(rank)` (trainer rank) / `worker_options(i)` (rollout worker) /
+    `options("reference")` / `options("judge")` give the Ray `.options(...)` kwargs ({} when not colocated, or for
+    a role placed outside the group)."""
 
     def __init__(self, cfg: dict):
         import ray
@@ -79,10 +75,10 @@ class ColocatedPlacement:
         from ray.util.placement_group import placement_group
 
         r, t = cfg["rollout"], cfg["trainer"]
-        self.n = int(t["num_processes"])
+        self.n, self.engines = int(t["num_processes"]), engines_per_gpu(cfg)
         roles = {"reference": "trainer.ref_num_gpus", "judge": "rewards.judge.num_gpus"}
         self.on_gpu0 = {role for role, key in roles.items() if key in shares}
-        cpus = float(r["num_cpus"]) + float(t["num_cpus"])
+        cpus = float(r["num_cpus"]) * self.engines + float(t["num_cpus"])
         bundles = [{"GPU": 1.0, "CPU": cpus} for _ in range(self.n)]
         if "reference" in self.on_gpu0:
             bundles[0]["CPU"] += float(t["num_cpus"])
@@ -107,6 +103,10 @@ class ColocatedPlacement:
 
         return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                                         placement_group_bundle_index=who)}
+
+    def worker_options(self, i: int) -> dict:
+        """Rollout worker i runs on trainer rank i // engines_per_gpu's GPU."""
+        return self.options(i // self.engines) if self.pg is not None else {}
 
     def remove(self) -> None:
         if self.pg is not None:

@@ -18,7 +18,8 @@ class VLLMWeightSync:
     def __init__(self, cfg: dict, workers: list, trainers: list):
         r = cfg["rollout"]
         self.workers, self.trainers = workers, list(trainers)  # workers: the pool's live list (restarts replace entries)
-        # The placement rules (one worker per rank, TP 1 when colocated) were checked at start (launch/placement.py).
+        # The placement rules (each rank's GPU holds its workers, TP 1 when colocated) were checked at start
+        # (launch/placement.py).
         colocated = rollout_placement(r) == "colocated"
         self.backend = "ipc" if colocated else "nccl"
         self.tp = int(r.get("tensor_parallel_size", 1))

@@ -175,10 +175,27 @@ def rollout_placement(rcfg: Mapping) -> str:
     return str(rcfg.get("placement") or "colocated")
 
 
-def engine_memory_share(rcfg: Mapping) -> float | None:
-    """The share of the GPU a colocated vLLM takes when it wakes up (`rollout.gpu_memory_utilization`); 0.0 when it
-    never sleeps (`rollout.enable_sleep_mode: false`: its memory stays taken, so it needs no room to wake up into);
-    None for the transformers engine, whose memory use is not bounded ahead."""
+def is_colocated_vllm(cfg: Mapping) -> bool:
+    """vLLM (or auto) rollouts that share their GPUs with the trainer ranks."""
+    r = cfg["rollout"]
+    return r["engine"] != "hf" and rollout_placement(r) == "colocated" and float(r.get("num_gpus") or 0) > 0
+
+
+def engines_per_gpu(cfg: Mapping) -> int:
+    """Colocated vLLM: rollout workers (vLLM instances) on each trainer rank's GPU, rollout.num_workers /
+    trainer.num_processes (launch/placement.py checks that it divides). More than one pays off where vLLM's decode
+    loop is CPU-bound (a small model: two SmolLM2-135M instances decode 1.8x the tokens/s of one, benchmarks/README.md);
+    each has its own `rollout.num_gpus` and `rollout.gpu_memory_utilization`. 1 otherwise."""
+    if not is_colocated_vllm(cfg):
+        return 1
+    return max(1, int(cfg["rollout"]["num_workers"]) // int(cfg["trainer"]["num_processes"]))
+
+
+def engine_memory_share(rcfg: Mapping, engines: int = 1) -> float | None:
+    """The share of the GPU the colocated vLLM instances of one GPU (`engines`, `engines_per_gpu`) take when they
+    wake up (`rollout.gpu_memory_utilization` each); 0.0 when they never sleep (`rollout.enable_sleep_mode: false`:
+    their memory stays taken, so they need no room to wake up into); None for the transformers engine, whose memory
+    use is not bounded ahead."""
     engine = str(rcfg.get("engine"))
     if engine == "hf" or rcfg.get("gpu_memory_utilization") is None:
         return None
@@ -186,7 +203,7 @@ def engine_memory_share(rcfg: Mapping) -> float | None:
         return None
     if not rcfg.get("enable_sleep_mode", False):
         return 0.0
-    return float(rcfg["gpu_memory_utilization"])
+    return float(rcfg["gpu_memory_utilization"]) * engines
 
 
 def to_plain(cfg: Any) -> Any:

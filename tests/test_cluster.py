@@ -163,31 +163,94 @@ class GpuProbe:
         return ray.get_gpu_ids()
 
 
-def test_colocated_placement_pairs_workers_with_trainer_ranks(ray_local):
+@pytest.mark.parametrize("per_gpu", [1, 2])
+def test_colocated_placement_pairs_workers_with_trainer_ranks(ray_local, per_gpu):
+    """Rollout workers i*k .. i*k+k-1 share trainer rank i's GPU (k = rollout.num_workers / trainer.num_processes
+    vLLM instances per GPU, each with its own share); the reference and the judge join GPU 0."""
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = OmegaConf.to_container(compose(config_name="train", overrides=[
-            "+experiment=mixed_rl", "rollout=vllm", "trainer.num_processes=2", "rollout.num_workers=2",
-            "rollout.num_gpus=0.4", "trainer.num_gpus=0.4", "trainer.ref_num_gpus=0.1", "rewards.judge.num_gpus=0.1",
-            "rollout.num_cpus=0.25", "trainer.num_cpus=0.25"]), resolve=True)
+            "+experiment=mixed_rl", "rollout=vllm", "trainer.num_processes=2", f"rollout.num_workers={2 * per_gpu}",
+            f"rollout.num_gpus={0.4 / per_gpu}", "trainer.num_gpus=0.4", "trainer.ref_num_gpus=0.1",
+            "rewards.judge.num_gpus=0.1", f"rollout.num_cpus={0.25 / per_gpu}", "trainer.num_cpus=0.25"]), resolve=True)
     r, t = cfg["rollout"], cfg["trainer"]
     placement = ColocatedPlacement(cfg)
     try:
-        def probe(who, gpus, cpus):
-            return GpuProbe.options(num_gpus=gpus, num_cpus=cpus, **placement.options(who)).remote()
+        def probe(options, gpus, cpus):
+            return GpuProbe.options(num_gpus=gpus, num_cpus=cpus, **options).remote()
 
-        probes = {f"worker{i}": probe(i, r["num_gpus"], r["num_cpus"]) for i in range(2)}
-        probes.update({f"trainer{i}": probe(i, t["num_gpus"], t["num_cpus"]) for i in range(2)})
-        probes["reference"] = probe("reference", t["ref_num_gpus"], t["num_cpus"])
-        probes["judge"] = probe("judge", cfg["rewards"]["judge"]["num_gpus"], 0)
+        workers = 2 * per_gpu
+        probes = {f"worker{i}": probe(placement.worker_options(i), r["num_gpus"], r["num_cpus"]) for i in range(workers)}
+        probes.update({f"trainer{i}": probe(placement.options(i), t["num_gpus"], t["num_cpus"]) for i in range(2)})
+        probes["reference"] = probe(placement.options("reference"), t["ref_num_gpus"], t["num_cpus"])
+        probes["judge"] = probe(placement.options("judge"), cfg["rewards"]["judge"]["num_gpus"], 0)
         gpu = {k: ray.get(p.gpu_ids.remote(), timeout=60) for k, p in probes.items()}
         assert all(len(v) == 1 for v in gpu.values()), gpu
-        assert gpu["worker0"] == gpu["trainer0"] == gpu["reference"] == gpu["judge"], gpu
-        assert gpu["worker1"] == gpu["trainer1"] != gpu["worker0"], gpu
+        assert gpu["trainer0"] == gpu["reference"] == gpu["judge"] != gpu["trainer1"], gpu
+        for i in range(workers):
+            assert gpu[f"worker{i}"] == gpu[f"trainer{i // per_gpu}"], (i, gpu)
         for p in probes.values():
             ray.kill(p)
     finally:
         placement.remove()
     assert ColocatedPlacement({**cfg, "rollout": {**r, "engine": "hf"}}).options(0) == {}  # no group without vLLM
+
+
+@ray.remote(num_cpus=0)
+class StartLog:
+    def __init__(self):
+        self.events = []
+
+    def add(self, event):
+        self.events.append(event)
+
+    def get(self):
+        return self.events
+
+
+@ray.remote(num_cpus=0)
+class SlowStarter:
+    """Logs when it is created and when its start (`ready`) has finished."""
+
+    def __init__(self, i, log):
+        self.i, self.log = i, log
+        ray.get(log.add.remote(("created", i)))
+
+    def ready(self):
+        import time
+
+        time.sleep(0.3)  # a vLLM instance profiling the GPU's memory
+        ray.get(self.log.add.remote(("ready", self.i)))
+        return self.i
+
+
+def test_actor_pool_starts_gpu_sharing_workers_in_waves(ray_local):
+    """With start_waves=2 (two vLLM instances per GPU) the second instance of every GPU is created only once the
+    first of every GPU is ready, so no two instances of a GPU profile its memory at once; a factory that fails in
+    a later wave stops the workers already started."""
+    log = StartLog.remote()
+    pool = ActorPool("rollout", lambda i: SlowStarter.remote(i, log), 4, start_waves=2)
+    events = ray.get(log.get.remote())
+    first, second = {0, 2}, {1, 3}  # wave w: workers i with i % 2 == w (worker i is on GPU i // 2)
+    last_ready_of_first = max(k for k, (what, i) in enumerate(events) if what == "ready" and i in first)
+    first_created_of_second = min(k for k, (what, i) in enumerate(events) if what == "created" and i in second)
+    assert last_ready_of_first < first_created_of_second, events
+    assert {i for what, i in events if what == "ready"} == first | second
+    assert ray.get([a.ready.remote() for a in pool.actors]) == [0, 1, 2, 3]
+    for a in pool.actors:
+        ray.kill(a)
+
+    started = []
+
+    def failing(i):
+        if i == 1:
+            raise RuntimeError("no room for a second instance")
+        started.append(SlowStarter.remote(i, log))
+        return started[-1]
+
+    with pytest.raises(RuntimeError, match="no room"):
+        ActorPool("rollout", failing, 2, start_waves=2)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(started[0].ready.remote(), timeout=30)
 
 
 @ray.remote(num_cpus=0)

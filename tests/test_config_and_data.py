@@ -61,7 +61,10 @@ VLLM_COLOCATED = ("rollout=vllm", "trainer.num_gpus=0.4", "rollout.num_gpus=0.4"
         # the reference (KL domains) would see no GPU
         (("trainer.ref_num_gpus=0",), r"trainer\.ref_num_gpus"),
         (("trainer.num_gpus=0",), r"trainer\.num_gpus must be > 0"),
-        (("rollout.num_workers=2",), r"rollout\.num_workers == trainer\.num_processes"),
+        # 3 vLLM instances cannot split evenly over 2 trainer GPUs
+        (("rollout.num_workers=3", "trainer.num_processes=2"), r"multiple of trainer\.num_processes"),
+        # two instances on the GPU take two rollout shares
+        (("rollout.num_workers=2",), r"2 x rollout\.num_gpus 0\.8 \+ trainer\.num_gpus 0\.4"),
         (("rollout.placement=spread",), r"rollout\.placement"),
         (("rollout.max_staleness=1",), r"rollout\.max_staleness.*colocated vLLM"),
     ],
@@ -82,6 +85,10 @@ def test_gpu_shares_of_a_colocated_run():
                                                                    ("code", "logic", "general", "agent")))
     assert colocated_shares(no_kl) == {"rollout.num_gpus": 0.4, "trainer.num_gpus": 0.4}
     assert colocated_shares(composed(*VLLM_COLOCATED, "rollout.placement=split")) == {}
+    two = composed(*VLLM_COLOCATED, "rollout.num_workers=2", "rollout.num_gpus=0.2")  # two vLLM instances per GPU
+    check_config(two)
+    assert colocated_shares(two) == {
+        "2 x rollout.num_gpus": 0.4, "trainer.num_gpus": 0.4, "trainer.ref_num_gpus": 0.1, "rewards.judge.num_gpus": 0.1}
     assert colocated_shares(composed()) == {}  # the CPU default (hf engine)
 
 

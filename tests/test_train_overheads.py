@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from rl.config import engine_memory_share
+from rl.config import engine_memory_share, engines_per_gpu
 from rl.losses import grpo_loss
 from rl.metrics import TrainStatSums, trainer_metrics
 from rl.trajectory import Trajectory, collate
@@ -163,6 +163,21 @@ def test_engine_memory_share_is_vllms_gpu_memory_utilization():
     # an engine that never sleeps keeps its memory: it needs no room to wake up into, so nothing is handed back
     assert engine_memory_share({"engine": "vllm", "gpu_memory_utilization": 0.3, "enable_sleep_mode": False}) == 0.0
     assert engine_memory_share({"engine": "vllm", "gpu_memory_utilization": 0.3}) == 0.0
+    # two instances on the GPU wake up into twice the share of one
+    assert engine_memory_share({"engine": "vllm", "gpu_memory_utilization": 0.15, **sleeps}, engines=2) == 0.3
+
+
+def test_engines_per_gpu_is_workers_per_trainer_rank_when_colocated():
+    def cfg(workers, ranks, **rollout):
+        return {"rollout": {"engine": "vllm", "num_workers": workers, "num_gpus": 0.25, **rollout},
+                "trainer": {"num_processes": ranks}}
+
+    assert engines_per_gpu(cfg(2, 1)) == 2
+    assert engines_per_gpu(cfg(4, 2)) == 2
+    assert engines_per_gpu(cfg(2, 2)) == 1
+    # split placement and the transformers engine do not share a trainer's GPU
+    assert engines_per_gpu(cfg(2, 1, placement="split")) == 1
+    assert engines_per_gpu(cfg(2, 1, engine="hf")) == 1
 
 
 @pytest.mark.gpu

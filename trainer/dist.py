@@ -105,7 +105,7 @@ WAKE_MARGIN_BYTES = 2 << 30
 
 def release_cached_memory(device, engine_share: float | None = None) -> bool:
     """Hand memory torch's allocator caches back to the GPU when a colocated vLLM (asleep now) would otherwise not
-    find room to wake up into: `engine_share` (rollout.gpu_memory_utilization) of the GPU plus WAKE_MARGIN_BYTES.
+    find room to wake up into: `engine_share` (rl.config.engine_memory_share) of the GPU plus WAKE_MARGIN_BYTES.
     Only what is missing goes back (`hand_back`): each cached segment handed back is a cudaFree, which waits for the
     GPU, and the next step allocates it again with a cudaMalloc (handing the whole cache back cost ~0.13 s of CPU a
     step on the 0.6B benchmark, benchmarks/README.md). engine_share None: the whole cache. Returns whether it

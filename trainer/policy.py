@@ -19,7 +19,8 @@ import torch
 
 from rl.batching import micro_batches, micro_batches_per_minibatch, per_rank_samples
 from rl.config import (
-    engine_memory_share, head_options, logprob_temperature, micro_batch_memory, pack_sequences, rollout_placement,
+    engine_memory_share, engines_per_gpu, head_options, logprob_temperature, micro_batch_memory, pack_sequences,
+    rollout_placement,
 )
 from rl.memory import activation_bytes, head_logit_bytes, micro_batch_tokens, should_checkpoint
 from rl.metrics import TrainStatSums
@@ -108,7 +109,7 @@ class PolicyTrainer:
         # of the free GPU memory (rl/memory.py), and the trainer marks DeepSpeed's accumulation boundary itself
         self.auto_micro = str(tcfg["micro_batch_size"]) == "auto"
         self.colocated = rollout_placement(cfg["rollout"]) == "colocated"
-        self.engine_share = engine_memory_share(cfg["rollout"])  # what the colocated vLLM wakes up into
+        self.engine_share = engine_memory_share(cfg["rollout"], engines_per_gpu(cfg))  # what colocated vLLM wakes into
         self.grad_accum = micro_batches_per_minibatch(cfg, world_size)
         micro = per_rank_samples(cfg, world_size) if self.auto_micro else int(tcfg["micro_batch_size"])
         ds_cfg = deepspeed_config(tcfg, cfg["model"]["dtype"], self.grad_accum, world_size, micro)

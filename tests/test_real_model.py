@@ -135,7 +135,8 @@ def test_one_training_step_of_smol_math_on_cpu(smollm2_path, tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "launch.train", "+experiment=smol_math", f"run_dir={tmp_path / 'run'}",
-         "rollout.engine=hf", "rollout.num_gpus=0", "trainer.num_gpus=0", "trainer.device=cpu", "model.dtype=float32",
+         "rollout.engine=hf", "rollout.num_workers=1", "rollout.num_gpus=0", "trainer.num_gpus=0", "trainer.device=cpu",
+         "model.dtype=float32",
          "trainer.total_steps=1", "data.prompts_per_step=2", "rollout.n_samples=2", "rollout.max_new_tokens=16",
          "rollout.top_p=0.95", "trainer.micro_batch_size=4", "eval.every=0", "logger.progress_bar=false",
          "rewards.num_workers=2"],

@@ -30,6 +30,13 @@ def check_gpu_layout(cfg: Mapping) -> None:
                 f"{r.get('tensor_parallel_size', 1)}); use rollout.placement=split for tensor-parallel rollouts"
             )
     colocated_shares(cfg)
+    k = engines_per_gpu(cfg)
+    if k > 1 and k * float(r.get("gpu_memory_utilization") or 0) >= 1:
+        raise ConfigError(
+            f"rollout.gpu_memory_utilization is per vLLM instance, and {k} instances share each GPU "
+            f"(rollout.num_workers / trainer.num_processes): {k} x {r['gpu_memory_utilization']} leaves nothing for the "
+            "trainer; lower it (e.g. the one-instance value / k)"
+        )
     if t.get("device") == "cuda" and needs_reference(cfg) and not float(t.get("ref_num_gpus") or 0):
         raise ConfigError(
             "trainer.ref_num_gpus: the reference model (some domain has kl_coef > 0) would see no GPU with "

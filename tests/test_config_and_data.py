@@ -65,6 +65,8 @@ VLLM_COLOCATED = ("rollout=vllm", "trainer.num_gpus=0.4", "rollout.num_gpus=0.4"
         (("rollout.num_workers=3", "trainer.num_processes=2"), r"multiple of trainer\.num_processes"),
         # two instances on the GPU take two rollout shares
         (("rollout.num_workers=2",), r"2 x rollout\.num_gpus 0\.8 \+ trainer\.num_gpus 0\.4"),
+        # ... and each its own memory: three at vLLM's 0.4 would want 1.2 of the GPU
+        (("rollout.num_workers=3", "rollout.num_gpus=0.1"), r"3 x 0\.4 leaves nothing for the trainer"),
         (("rollout.placement=spread",), r"rollout\.placement"),
         (("rollout.max_staleness=1",), r"rollout\.max_staleness.*colocated vLLM"),
     ],

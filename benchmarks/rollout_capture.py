@@ -35,6 +35,21 @@ from pathlib import Path
 import numpy as np
 
 
+def fix_length(engine) -> None:
+    """Make every sample of `engine` (a VLLMEngine) run to max_new_tokens: no EOS stops it early, so runs that
+    sample differently still do the same work."""
+    from vllm import SamplingParams as VSP
+
+    engine.eos_ids, make = [], engine._sampling_params
+
+    def fixed(sp, capture=True):
+        v = make(sp, capture)
+        return VSP(n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k, max_tokens=v.max_tokens,
+                   logprobs=v.logprobs, flat_logprobs=v.flat_logprobs, detokenize=False, ignore_eos=True)
+
+    engine._sampling_params = fixed
+
+
 def child(args) -> None:
     from launch.testbed import MOE_1B, QWEN3_06B, build_model, chat_prompts
 
@@ -54,17 +69,8 @@ def child(args) -> None:
     assert engine.capture == "sampler", "the sampler hook could not be installed on this vLLM"
     engine.capture_profile = args.profile
     prompts = chat_prompts(engine.tokenizer, args.prompts)
-    if args.fixed_length:  # the same work in every mode: no EOS stops a sample before max_new_tokens
-        from vllm import SamplingParams as VSP
-
-        engine.eos_ids, make = [], engine._sampling_params
-
-        def fixed(sp, capture=True):
-            v = make(sp, capture)
-            return VSP(n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k, max_tokens=v.max_tokens,
-                       logprobs=v.logprobs, flat_logprobs=v.flat_logprobs, detokenize=False, ignore_eos=True)
-
-        engine._sampling_params = fixed
+    if args.fixed_length:  # the same work in every mode
+        fix_length(engine)
     for mode in [m for _ in range(args.repeats) for m in args.modes]:
         capture = mode != "off"
         if capture:

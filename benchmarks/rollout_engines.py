@@ -27,11 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rollout_capture import fix_length  # noqa: E402  (benchmarks/, this script's directory)
+
 
 def instance(i: int, args, path: str, after, started, barrier, results) -> None:
     """One vLLM instance: start once instance i-1 has (`after`), then generate at each barrier."""
-    from vllm import SamplingParams as VSP
-
     from launch.testbed import chat_prompts
     from rollout.sampling import SamplingParams
     from rollout.vllm_engine import VLLMEngine
@@ -43,14 +43,7 @@ def instance(i: int, args, path: str, after, started, barrier, results) -> None:
                         max_model_len=2048, capture="sampler", seed=i)
     start_s = time.perf_counter() - t0
     started.set()
-    engine.eos_ids, make = [], engine._sampling_params
-
-    def fixed_length(sp, capture=True):  # the same work for every k: no sample stops before max_new_tokens
-        v = make(sp, capture)
-        return VSP(n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k, max_tokens=v.max_tokens,
-                   logprobs=v.logprobs, flat_logprobs=v.flat_logprobs, detokenize=False, ignore_eos=True)
-
-    engine._sampling_params = fixed_length
+    fix_length(engine)  # the same work for every k
     share = args.prompts // args.engines
     prompts = chat_prompts(engine.tokenizer, args.prompts)[i * share:(i + 1) * share]
     sp = SamplingParams(n=args.n, temperature=1.0, top_p=args.top_p, top_k=0, max_new_tokens=args.max_new_tokens,

@@ -76,13 +76,14 @@ class ColocatedPlacement:
         import ray
 
         self.pg = None
+        self.engines = engines_per_gpu(cfg)
         shares = colocated_shares(cfg)
         if not shares:
             return
         from ray.util.placement_group import placement_group
 
         r, t = cfg["rollout"], cfg["trainer"]
-        self.n, self.engines = int(t["num_processes"]), engines_per_gpu(cfg)
+        self.n = int(t["num_processes"])
         roles = {"reference": "trainer.ref_num_gpus", "judge": "rewards.judge.num_gpus"}
         self.on_gpu0 = {role for role, key in roles.items() if key in shares}
         cpus = float(r["num_cpus"]) * self.engines + float(t["num_cpus"])
@@ -113,7 +114,7 @@ class ColocatedPlacement:
 
     def worker_options(self, i: int) -> dict:
         """Rollout worker i runs on trainer rank i // engines_per_gpu's GPU."""
-        return self.options(i // self.engines) if self.pg is not None else {}
+        return self.options(i // self.engines)
 
     def remove(self) -> None:
         if self.pg is not None:

@@ -69,6 +69,9 @@ def main() -> None:
     ap.add_argument("--bf16-partials", action="store_true",
                     help="the LM head's weight gradient as before: a bf16 product per chunk, widened and added "
                          "(rl.logprobs.add_outer's fallback), to compare with the float32-accumulating GEMM")
+    ap.add_argument("--per-gradient-check", action="store_true",
+                    help="keep DeepSpeed's per-gradient inf/NaN test before each step (bf16 ZeRO-1/2; a run drops "
+                         "it, trainer.policy.drop_per_gradient_overflow_check), to compare")
     args = ap.parse_args()
     if args.bf16_partials:
         import rl.logprobs
@@ -115,6 +118,8 @@ def main() -> None:
         store = open_store()  # the rendezvous the trainer joins
         tr = PolicyTrainer(cfg, path, 0, 1, "127.0.0.1", store.port)
         device, what = tr.engine.device, "train step"
+        if args.per_gradient_check:
+            vars(tr.engine.optimizer).pop("check_overflow", None)  # DeepSpeed's own method again
 
         def step_once() -> str:
             return f"{tr.train_step([trajs], [norm])['micro_batches']:.0f} micro-batches"

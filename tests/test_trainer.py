@@ -320,3 +320,33 @@ def test_one_reduction_per_mini_batch_gives_the_per_micro_batch_update(setup, ze
     assert abs(sums[0]["grad_norm"] - sums[1]["grad_norm"]) < 1e-5 * sums[1]["grad_norm"]
     assert all(torch.allclose(states[0][k].float(), states[1][k].float(), atol=1e-6) for k in states[1])
     assert any(not torch.equal(before[k], states[1][k]) for k in before)  # the updates did move the weights
+
+
+def test_bf16_steps_skip_non_finite_gradients_without_a_per_gradient_check(setup, monkeypatch):
+    """bf16 ZeRO-2: DeepSpeed's per-gradient inf/NaN test is dropped (trainer.policy.drop_per_gradient_overflow_check),
+    yet a step whose gradients are NaN still leaves the weights as they were, through the global-norm test; a
+    finite step updates them."""
+    import deepspeed.runtime.zero.stage_1_and_2 as zero12
+
+    calls = []
+    real = zero12.has_inf_or_nan
+    monkeypatch.setattr(zero12, "has_inf_or_nan", lambda x: calls.append(1) or real(x))
+    cfg, trajs, path = setup
+    cfg = copy.deepcopy(cfg)
+    cfg["model"]["dtype"] = "bfloat16"
+    cfg["trainer"]["zero_stage"] = 2
+    tr = PolicyTrainer(cfg, path, 0, 1, "127.0.0.1", _port())
+    assert tr.engine.optimizer.dtype == torch.bfloat16
+    norms = [(len(trajs), int(sum(t.num_response_tokens for t in trajs)))]
+    before = tr.full_state_dict()
+    sums = tr.train_step([trajs], norms)
+    after = tr.full_state_dict()
+    assert np.isfinite(sums["grad_norm"]) and sums["grad_norm"] > 0
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    poisoned = copy.deepcopy(trajs)
+    poisoned[0].advantage = float("nan")
+    sums = tr.train_step([poisoned], norms)
+    assert not np.isfinite(sums["grad_norm"])  # DeepSpeed reports inf for a skipped step
+    final = tr.full_state_dict()
+    assert all(torch.equal(after[k], final[k]) for k in after)
+    assert calls == []  # no per-gradient test ran (with it, one per parameter per step)

@@ -158,6 +158,11 @@ def test_every_domain_is_logged_every_step_and_dead_groups_are_counted():
     assert m["agent/agent/turns"] is None and m["agent/agent/termination/submitted"] is None and m["time/tools"] is None
     t = trainer_metrics([{"seqs/math": 4.0, "opsm_masked/math": 1.0, "tokens": 8.0}], ["math", "code"], 1)
     assert t["opsm/math/masked_frac"] == 0.25 and t["opsm/code/masked_frac"] is None
+    assert t["memory/trainer_free_gib"] is None and t["memory/others_gib"] is None  # a CPU trainer reports none
+    ranks = [{"gpu_free_gib": 30.0, "gpu_others_gib": 4.0, "gpu_peak_gib": 20.0},
+             {"gpu_free_gib": 20.0, "gpu_others_gib": 6.0, "gpu_peak_gib": 30.0}]
+    t = trainer_metrics(ranks, ["math"], 1)  # per rank: the mean over ranks
+    assert (t["memory/trainer_free_gib"], t["memory/others_gib"], t["memory/trainer_peak_gib"]) == (25.0, 5.0, 25.0)
     assert m["reward/math/mean"] == pytest.approx(3.0 / 6) and m["reward/math/length"] == 0.0
     # g2 (0.5, 0.5) and g3 (one scored sample) carry no signal, g1 does
     assert m["advantage/zero_variance_group_frac"] == pytest.approx(2 / 3)

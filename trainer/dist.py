@@ -99,6 +99,19 @@ def free_memory_bytes(device) -> int | None:
     return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
 
 
+def memory_gib(device) -> dict[str, float]:
+    """What a step's memory metrics show (GiB; {} on CPU): `gpu_free` this process can still allocate (what
+    micro_batch_size=auto sizes from), `gpu_others` what other processes hold on this GPU (a colocated vLLM asleep,
+    the reference), `gpu_peak` the most this process allocated since the last `reset_peak_memory_stats`."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return {}
+    free, total = torch.cuda.mem_get_info(device)
+    reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
+    return {"gpu_free": (free + reserved - allocated) / 2**30, "gpu_others": (total - free - reserved) / 2**30,
+            "gpu_peak": torch.cuda.max_memory_allocated(device) / 2**30}
+
+
 # Free memory a colocated vLLM needs beyond its share to wake up: the weight sync's buckets, CUDA's own allocations
 WAKE_MARGIN_BYTES = 2 << 30
 

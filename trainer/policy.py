@@ -27,7 +27,7 @@ from rl.metrics import TrainStatSums
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
 from trainer.dist import (
-    auto_micro_batch_counts, free_memory_bytes, free_port, init_process_group, node_address, pick_device,
+    auto_micro_batch_counts, free_memory_bytes, free_port, init_process_group, memory_gib, node_address, pick_device,
     release_cached_memory,
 )
 from trainer.forward import ForwardOut, PolicyForward, compile_layers, logit_scale, route_replay
@@ -171,6 +171,9 @@ class PolicyTrainer:
     def _train_step(self, minibatches: list[list[Trajectory]], norms: list[tuple[int, int]]) -> dict:
         sums: dict[str, float] = defaultdict(float)
         stat_sums = TrainStatSums()  # on the GPU until the step is done (no wait for the GPU per micro-batch)
+        memory = memory_gib(self.engine.device)  # as the step starts (a colocated vLLM asleep)
+        if memory:
+            torch.cuda.reset_peak_memory_stats(self.engine.device)
         self.engine.train()
         layout = "packed" if self.packed else "padded"
         if self.auto_micro:
@@ -209,6 +212,9 @@ class PolicyTrainer:
             sums["optimizer_steps"] += 1
         sums["lr"] = float(self.engine.get_lr()[0])
         sums.update(stat_sums.totals())
+        if memory:
+            sums.update(gpu_free_gib=memory["gpu_free"], gpu_others_gib=memory["gpu_others"],
+                        gpu_peak_gib=memory_gib(self.engine.device)["gpu_peak"])
         if self.colocated:
             release_cached_memory(self.engine.device, self.engine_share)
         return dict(sums)

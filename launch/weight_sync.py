@@ -9,7 +9,14 @@ import time
 
 import ray
 
-from rl.config import rollout_placement
+from rl.config import engines_per_gpu, rollout_placement
+
+
+def ipc_waves(workers: list, engines: int) -> list[list]:
+    """The colocated workers in waves of one per GPU (worker i runs on GPU i // `engines`, launch/placement.py), each
+    wave sent the weights in its own CUDA-IPC export: torch frees a sent buffer once each export has been released
+    once, so no two processes may open one handle (trainer/weight_sync.py)."""
+    return [list(workers[w::engines]) for w in range(engines)]
 
 
 class VLLMWeightSync:
@@ -24,6 +31,7 @@ class VLLMWeightSync:
         self.backend = "ipc" if colocated else "nccl"
         self.tp = int(r.get("tensor_parallel_size", 1))
         self.sleep_level = int(r.get("sleep_level", 2)) if (colocated and r.get("enable_sleep_mode")) else 0
+        self.engines = engines_per_gpu(cfg) if colocated else 1  # vLLM instances per GPU
 
     def init(self) -> None:
         if self.backend == "nccl":
@@ -63,10 +71,10 @@ class VLLMWeightSync:
         t0 = time.perf_counter()
         ray.get([w.begin_weight_update.remote() for w in self.workers])
         t1 = time.perf_counter()
-        if self.backend == "ipc":
-            targets = [list(self.workers) for _ in self.trainers]  # every rank takes part (see WeightSender)
+        if self.backend == "ipc":  # every rank takes part (see WeightSender), one wave of workers per export
+            targets = [ipc_waves(self.workers, self.engines) for _ in self.trainers]
         else:
-            targets = [self.workers] + [[] for _ in self.trainers[1:]]
+            targets = [[list(self.workers)]] + [[] for _ in self.trainers[1:]]
         stats = ray.get([t.send_weights.remote(targets[i]) for i, t in enumerate(self.trainers)])
         t2 = time.perf_counter()
         ray.get([w.end_weight_update.remote() for w in self.workers])

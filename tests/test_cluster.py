@@ -266,8 +266,8 @@ class SyncRecorder:
     def end_weight_update(self):
         self.calls.append("end")
 
-    def send_weights(self, workers):
-        self.calls.append(("send", sorted(ray.get([w.get_name.remote() for w in workers]))))
+    def send_weights(self, waves):
+        self.calls.append(("send", [sorted(ray.get([w.get_name.remote() for w in wave])) for wave in waves]))
         return {"seconds": 0.0, "bytes": 1, "tensors": 1}
 
     def get_name(self):
@@ -277,24 +277,30 @@ class SyncRecorder:
         return self.calls
 
 
-@pytest.mark.parametrize("placement", ["colocated", "split"])
-def test_weight_sync_sends_every_worker_from_the_right_ranks(ray_local, placement):
+@pytest.mark.parametrize("placement,engines", [("colocated", 1), ("colocated", 2), ("split", 1)])
+def test_weight_sync_sends_every_worker_from_the_right_ranks(ray_local, placement, engines):
     """Colocated (CUDA IPC): vLLM's sender is a collective over the trainer ranks in which rank 0 hands every
-    worker its GPU's handle, so every rank gets every worker; split (NCCL): rank 0 alone broadcasts."""
+    worker its GPU's handle, so every rank gets every worker, in waves of one worker per GPU when several share
+    one (worker i on GPU i // engines: each export is opened by one process); split (NCCL): rank 0 alone
+    broadcasts."""
     from launch.weight_sync import VLLMWeightSync
 
-    workers = [SyncRecorder.remote(f"w{i}") for i in range(2)]
+    workers = [SyncRecorder.remote(f"w{i}") for i in range(2 * engines)]
     trainers = [SyncRecorder.remote(f"t{i}") for i in range(2)]
-    cfg = {"rollout": {"placement": placement, "tensor_parallel_size": 1, "enable_sleep_mode": True}}
+    cfg = {"rollout": {"placement": placement, "tensor_parallel_size": 1, "enable_sleep_mode": True, "engine": "vllm",
+                       "num_gpus": 0.5 / engines, "num_workers": 2 * engines},
+           "trainer": {"num_processes": 2}}
     done = VLLMWeightSync(cfg, workers, trainers).sync()
     # its parts' seconds (the step's time/sync_<part>) add up to the whole sync
     assert done["wake"] + done["send"] + done["finish"] == pytest.approx(done["seconds"])
     assert all(done[k] >= 0 for k in ("wake", "send", "send_rank", "finish"))
     sends = [[c for c in ray.get(t.get_calls.remote()) if c[0] == "send"] for t in trainers]
-    if placement == "colocated":
-        assert sends == [[("send", ["w0", "w1"])], [("send", ["w0", "w1"])]]
+    if engines == 2:  # GPU 0 holds w0 and w1, GPU 1 w2 and w3
+        assert sends == [[("send", [["w0", "w2"], ["w1", "w3"]])]] * 2
+    elif placement == "colocated":
+        assert sends == [[("send", [["w0", "w1"]])], [("send", [["w0", "w1"]])]]
     else:
-        assert sends == [[("send", ["w0", "w1"])], [("send", [])]]
+        assert sends == [[("send", [["w0", "w1"]])], [("send", [])]]
     assert all(ray.get(w.get_calls.remote()) == ["begin", "end"] for w in workers)
 
 

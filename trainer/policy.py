@@ -314,9 +314,10 @@ class PolicyTrainer:
         if backend == "nccl" and self.rank == 0:
             self.weight_sender.init_nccl(master_address, master_port, world_size)
 
-    def send_weights(self, workers: list) -> dict:
-        """Stream the current weights to `workers` (RolloutWorker handles); on every rank (ZeRO-3 gathers)."""
-        return self.weight_sender.send(self.model, workers)  # the HF model, not the DeepSpeed wrapper
+    def send_weights(self, waves: list[list]) -> dict:
+        """Stream the current weights to each wave of workers (RolloutWorker handles; `launch.weight_sync.ipc_waves`);
+        on every rank (ZeRO-3 gathers)."""
+        return self.weight_sender.send(self.model, waves)  # the HF model, not the DeepSpeed wrapper
 
     # -- checkpoints ---------------------------------------------------------------------------------------
     def save(self, ckpt_dir: str, client_state: dict) -> None:

@@ -6,7 +6,10 @@ Two placements (`rollout.placement`):
   share GPU i (fractional Ray `num_gpus` in one placement-group bundle, vLLM started first). Weights go by CUDA IPC
   (`IPCWeightTransferEngine.trainer_send_weights`, called by every rank: each exports handles of its own parameter
   memory, they are all-gathered, rank 0 sends them to every worker and each worker copies from the handle of its
-  own GPU, found by the GPU's UUID, so instances sharing a GPU read the same memory). vLLM sleeps while the trainer trains
+  own GPU, found by the GPU's UUID). Instances sharing a GPU are sent to one after another, in waves of one
+  instance per GPU (`launch.weight_sync.ipc_waves`): torch counts one release per export of a CUDA tensor, and a
+  handle opened by two processes is released twice, after which torch never frees the sent buffer (1 GiB a sync,
+  vLLM's packed buffer: a run with two instances per GPU ran out of memory at step 49). vLLM sleeps while the trainer trains
   (`sleep(level)` after each rollout; `wake_up(["weights"])`, sync, `wake_up(["kv_cache"])`).
 - split: rollout workers own their GPUs; trainer rank 0 broadcasts over an NCCL group it shares with every vLLM
   worker (`NCCLWeightTransferEngine`, packed buffers). NCCL between two processes on one GPU does not work, so
@@ -101,10 +104,12 @@ class WeightSender:
             dict(master_address=master_address, master_port=int(master_port), world_size=int(world_size))
         )
 
-    def send(self, module: torch.nn.Module, workers: list) -> dict:
-        """Send every parameter to `workers` (Ray handles of RolloutWorker). Call on every rank under ZeRO-3."""
+    def send(self, module: torch.nn.Module, waves: list[list]) -> dict:
+        """Send every parameter to each wave of workers in turn (Ray handles of RolloutWorker; IPC: at most one
+        worker per GPU in a wave, see the module's docstring; NCCL: one wave). Call on every rank under ZeRO-3."""
         t0 = time.perf_counter()
-        sending = bool(workers) and (self.backend == "ipc" or self.rank == 0)
+        waves = [w for w in waves if w]
+        sending = bool(waves) and (self.backend == "ipc" or self.rank == 0)
         if not sending and self.zero_stage != 3:
             return {"seconds": 0.0, "bytes": 0, "tensors": 0}
         nbytes = ntensors = 0
@@ -112,10 +117,11 @@ class WeightSender:
             if not sending:
                 continue  # still take part in the ZeRO-3 gathers
             torch.cuda.synchronize()  # the optimizer step must have landed before another process reads
-            if self.backend == "ipc":
-                self._send_ipc(items, workers)
-            else:
-                self._send_nccl(items, workers)
+            for workers in waves:
+                if self.backend == "ipc":
+                    self._send_ipc(items, workers)
+                else:
+                    self._send_nccl(items, workers)
             nbytes += sum(t.numel() * t.element_size() for _, t in items)
             ntensors += len(items)
         return {"seconds": time.perf_counter() - t0, "bytes": nbytes, "tensors": ntensors}
@@ -126,8 +132,13 @@ class WeightSender:
         # A collective over the trainer ranks: each exports handles of its own GPU's copy, vLLM all-gathers them
         # and rank 0 sends every GPU's handles to every worker; a worker opens the one of its own GPU (the
         # colocated placement put each worker on a trainer rank's GPU).
+        # packed: vLLM stages the tensors in one buffer of this size per export (1 GiB by default, whatever the model):
+        # rollout.weight_sync_bucket_mb, or the largest tensor if larger, or all of them if smaller
+        sizes = [t.numel() * t.element_size() for _, t in items]
+        buffer = min(sum(sizes), max(self.bucket_bytes, max(sizes, default=0)))
         args = _make_args(IPCTrainerSendWeightsArgs,
-                          **{"send_mode|mode": "ray", "llm_handle": list(workers), "packed": self.packed})
+                          **{"send_mode|mode": "ray", "llm_handle": list(workers), "packed": self.packed,
+                             "packed_buffer_size_bytes": max(buffer, 1)})
         IPCWeightTransferEngine.trainer_send_weights(iter(items), args)
 
     def _send_nccl(self, items, workers) -> None:

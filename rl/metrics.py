@@ -128,9 +128,9 @@ def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int
         "perf/gradient_checkpointing": s["gradient_checkpointing"] / n_ranks,
         # micro-batches per mini-batch on a rank (trainer.micro_batch_size=auto: chosen per step from the free memory)
         "perf/micro_batches": s["micro_batches"] / max(s["optimizer_steps"], 1),
-        # GPU memory as the train phase starts, GiB per rank (null on CPU): what this rank could allocate (what
-        # micro_batch_size=auto sizes from), what other processes held on its GPU (a colocated vLLM asleep, the
-        # reference: growth here is a leak outside the trainer), and the most the train phase allocated
+        # GPU memory as the train phase starts, GiB, the mean over ranks (null on CPU): what a rank could allocate
+        # (what micro_batch_size=auto sizes from), what its GPU held outside its torch allocator (a colocated vLLM
+        # asleep, the reference, CUDA contexts, NCCL buffers), and the most the train phase allocated
         "memory/trainer_free_gib": s["gpu_free_gib"] / n_ranks if "gpu_free_gib" in s else None,
         "memory/others_gib": s["gpu_others_gib"] / n_ranks if "gpu_others_gib" in s else None,
         "memory/trainer_peak_gib": s["gpu_peak_gib"] / n_ranks if "gpu_peak_gib" in s else None,

@@ -322,3 +322,19 @@ def test_a_cluster_that_fails_to_start_stops_what_it_started(ray_local, tmp_path
     while ray.available_resources().get("CPU", 0) < total and time.time() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("CPU", 0) == total
+
+
+def test_packed_ipc_exports_hold_one_chunk_each():
+    """Colocated packed sync: tensors are cut into consecutive groups of at most rollout.weight_sync_bucket_mb (a
+    larger tensor alone), one CUDA-IPC export each whose staging buffer is the group's exact size, so vLLM sends it
+    in one chunk and the export is released once (a second chunk of one buffer left it allocated for good)."""
+    from trainer.weight_sync import export_groups
+
+    assert export_groups([], 10) == []
+    assert export_groups([3, 3, 3, 3], 6) == [(0, 2), (2, 4)]
+    assert export_groups([2, 12, 2, 2], 10) == [(0, 1), (1, 2), (2, 4)]  # 12 > cap: alone, never cut
+    sizes = [7, 1, 9, 4, 4, 4, 30, 2]
+    groups = export_groups(sizes, 10)
+    assert [i for a, b in groups for i in range(a, b)] == list(range(len(sizes)))  # every tensor once, in order
+    assert all(sum(sizes[a:b]) <= 10 or b - a == 1 for a, b in groups)
+    assert all(sum(sizes[a:b + 1]) > 10 for a, b in groups[:-1])  # no group could have taken the next tensor

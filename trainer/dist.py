@@ -101,8 +101,9 @@ def free_memory_bytes(device) -> int | None:
 
 def memory_gib(device) -> dict[str, float]:
     """What a step's memory metrics show (GiB; {} on CPU): `gpu_free` this process can still allocate (what
-    micro_batch_size=auto sizes from), `gpu_others` what other processes hold on this GPU (a colocated vLLM asleep,
-    the reference), `gpu_peak` the most this process allocated since the last `reset_peak_memory_stats`."""
+    micro_batch_size=auto sizes from), `gpu_others` what this GPU holds outside this process's torch allocator (a
+    colocated vLLM asleep, the reference, CUDA contexts and NCCL buffers), `gpu_peak` the most this process allocated
+    since the last `reset_peak_memory_stats`."""
     device = torch.device(device)
     if device.type != "cuda":
         return {}

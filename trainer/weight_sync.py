@@ -7,9 +7,10 @@ Two placements (`rollout.placement`):
   (`IPCWeightTransferEngine.trainer_send_weights`, called by every rank: each exports handles of its own parameter
   memory, they are all-gathered, rank 0 sends them to every worker and each worker copies from the handle of its
   own GPU, found by the GPU's UUID). Instances sharing a GPU are sent to one after another, in waves of one
-  instance per GPU (`launch.weight_sync.ipc_waves`): torch counts one release per export of a CUDA tensor, and a
-  handle opened by two processes is released twice, after which torch never frees the sent buffer (1 GiB a sync,
-  vLLM's packed buffer: a run with two instances per GPU ran out of memory at step 49). vLLM sleeps while the trainer trains
+  instance per GPU (`launch.weight_sync.ipc_waves`), and packed, each export carries one chunk (`export_groups`):
+  torch expects one release per export of a CUDA tensor; a handle opened twice (two instances, or two chunks of one
+  staging buffer) is released twice, after which torch never frees the sent buffer (vLLM's packed buffer, 1 GiB a
+  sync: a run with two instances per GPU ran out of memory at step 49). vLLM sleeps while the trainer trains
   (`sleep(level)` after each rollout; `wake_up(["weights"])`, sync, `wake_up(["kv_cache"])`).
 - split: rollout workers own their GPUs; trainer rank 0 broadcasts over an NCCL group it shares with every vLLM
   worker (`NCCLWeightTransferEngine`, packed buffers). NCCL between two processes on one GPU does not work, so
@@ -72,6 +73,20 @@ def iter_weight_buckets(
             bucket, size = [], 0
 
 
+def export_groups(sizes: list[int], cap: int) -> list[tuple[int, int]]:
+    """Consecutive [start, end) ranges of tensors (their sizes in bytes) of at most `cap` bytes each; a tensor larger
+    than `cap` is a group of its own. One CUDA-IPC export per group (`WeightSender._send_ipc`)."""
+    groups, start, total = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and total + size > cap:
+            groups.append((start, i))
+            start, total = i, 0
+        total += size
+    if start < len(sizes):
+        groups.append((start, len(sizes)))
+    return groups
+
+
 def _make_args(cls, **candidates):
     """Build a vLLM trainer-args dataclass from the fields this vLLM version has (0.26 names its IPC transport
     field `send_mode`, some versions `mode`)."""
@@ -132,14 +147,19 @@ class WeightSender:
         # A collective over the trainer ranks: each exports handles of its own GPU's copy, vLLM all-gathers them
         # and rank 0 sends every GPU's handles to every worker; a worker opens the one of its own GPU (the
         # colocated placement put each worker on a trainer rank's GPU).
-        # packed: vLLM stages the tensors in one buffer of this size per export (1 GiB by default, whatever the model):
-        # rollout.weight_sync_bucket_mb, or the largest tensor if larger, or all of them if smaller
+        if not self.packed:
+            args = _make_args(IPCTrainerSendWeightsArgs, **{"send_mode|mode": "ray", "llm_handle": list(workers)})
+            IPCWeightTransferEngine.trainer_send_weights(iter(items), args)
+            return
+        # packed: vLLM stages tensors in one buffer per call, exported once and sent once per chunk that fills it; a
+        # worker releases the export once per chunk, so a call of two chunks (0.6B: 1.1 GiB in vLLM's 1 GiB buffer)
+        # never freed its buffer either. One call per group of tensors, its buffer the group's exact size: one chunk.
         sizes = [t.numel() * t.element_size() for _, t in items]
-        buffer = min(sum(sizes), max(self.bucket_bytes, max(sizes, default=0)))
-        args = _make_args(IPCTrainerSendWeightsArgs,
-                          **{"send_mode|mode": "ray", "llm_handle": list(workers), "packed": self.packed,
-                             "packed_buffer_size_bytes": max(buffer, 1)})
-        IPCWeightTransferEngine.trainer_send_weights(iter(items), args)
+        for start, end in export_groups(sizes, self.bucket_bytes):
+            args = _make_args(IPCTrainerSendWeightsArgs,
+                              **{"send_mode|mode": "ray", "llm_handle": list(workers), "packed": True,
+                                 "packed_buffer_size_bytes": max(sum(sizes[start:end]), 1)})
+            IPCWeightTransferEngine.trainer_send_weights(iter(items[start:end]), args)
 
     def _send_nccl(self, items, workers) -> None:
         import ray

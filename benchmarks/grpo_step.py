@@ -8,9 +8,10 @@ Two benchmarks (`--bench`):
   new tokens, no KL: the runs of benchmarks/learn_real.py, shorter (ours: two vLLM instances on the GPU, as in
   `smol_math`; qwen06b and the split runs: one).
 Runs (`--only`): ours, ours_compiled (`trainer.compile=true`: compiled decoder layers and logprob head) and trl on
-one GPU (the first of CUDA_VISIBLE_DEVICES); ours_split on two: vLLM on one GPU,
-the trainer (and reference) on the other, NCCL weight sync, and `rollout.max_staleness=1`, so the rollout of step
-n+1 (and its scoring) runs while step n trains; compared with ours on one GPU.
+one GPU (the first of CUDA_VISIBLE_DEVICES); ours_split (and ours_split_compiled) on two: vLLM on one GPU (smol: two
+instances there, as `smol_math` runs two colocated), the trainer (and reference) on the other, NCCL weight sync, and
+`rollout.max_staleness=1`, so the rollout of step n+1 (and its scoring) runs while step n trains; compared with ours
+(ours_compiled) on one GPU.
 Both: bf16 with fp32 master weights, lr 2e-5, vLLM colocated (it sleeps while the trainer trains), the same
 prompts and math-verify reward. Ours runs `python -m launch.train +experiment=smol_math` with overrides (below);
 TRL runs through `benchmarks/learn_real.py --trl-child` with its own defaults otherwise (gradient checkpointing
@@ -18,7 +19,7 @@ on, its vLLM importance-sampling correction on). s/step is the median over steps
 and warm-up). Ours also prints its time per phase and `perf/mfu` (body FLOPs of the train phase, rl/flops.py).
 
     python benchmarks/grpo_step.py --out /tmp/grpo_step [--bench qwen06b smol] [--steps 6]
-        [--only ours ours_compiled trl ours_split]
+        [--only ours ours_compiled trl ours_split ours_split_compiled]
 """
 
 from __future__ import annotations
@@ -53,15 +54,16 @@ SPLIT = {
     "qwen06b": {"rollout.placement": "split", "rollout.max_staleness": "1", "rollout.num_workers": "1",
                 "rollout.num_gpus": "1", "trainer.num_gpus": "0.7", "trainer.ref_num_gpus": "0.3",
                 "rollout.gpu_memory_utilization": "0.6"},
-    "smol": {"rollout.placement": "split", "rollout.max_staleness": "1", "rollout.num_workers": "1",
-             "rollout.num_gpus": "1", "trainer.num_gpus": "1", "rollout.gpu_memory_utilization": "0.5"},
+    "smol": {"rollout.placement": "split", "rollout.max_staleness": "1", "rollout.num_workers": "2",
+             "rollout.num_gpus": "0.5", "trainer.num_gpus": "1", "rollout.gpu_memory_utilization": "0.3"},
 }
 # ours_compiled: these keys on top of the bench's (one GPU, like ours)
 COMPILED = ["trainer.compile=true"]
 PHASES = ("rollout", "reward", "ref", "train", "sync")
-RUNS = ("ours", "ours_compiled", "trl", "ours_split")
+RUNS = ("ours", "ours_compiled", "trl", "ours_split", "ours_split_compiled")
 LABELS = {"ours": "colocated on 1 GPU", "ours_compiled": "colocated on 1 GPU, trainer.compile",
-          "ours_split": "split on 2 GPUs, max_staleness 1"}
+          "ours_split": "split on 2 GPUs, max_staleness 1",
+          "ours_split_compiled": "split on 2 GPUs, max_staleness 1, trainer.compile"}
 
 
 def split_overrides(bench: str) -> list[str]:
@@ -98,9 +100,9 @@ def run(cmd: list[str], log: Path, timeout: float, gpus: int = 1) -> float:
 def run_ours(bench: str, path: str, out: Path, steps: int, timeout: float, run_name: str = "ours",
              extra: tuple[str, ...] = ()) -> Path:
     name = f"{bench}-{run_name}"
-    split = run_name == "ours_split"
+    split = run_name.startswith("ours_split")
     overrides = split_overrides(bench) if split else BENCHES[bench]["ours"]
-    if run_name == "ours_compiled":
+    if run_name.endswith("_compiled"):
         overrides = overrides + COMPILED
     overrides = overrides + list(extra)
     cmd = ours_command(out / name, steps, [f"model.path={path}", *overrides])
@@ -123,14 +125,14 @@ def rows(path: Path) -> list[dict]:
 
 
 def summarize(bench: str, out: Path, name: str = "ours") -> dict:
-    split = name == "ours_split"
+    split = name.startswith("ours_split")
     ours, trl = rows(out / f"{bench}-{name}" / "metrics.jsonl"), rows(out / f"{bench}-trl" / "steps.jsonl")
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
     s = {"bench": f"{bench}, {LABELS[name]}",
          "ours_steps": len(ours), "trl_steps": len(trl), "ours": med([r["time/step"] for r in ours[1:]]),
          "trl": med([r["seconds"] for r in trl[1:] if "seconds" in r])}
     if split:
-        one_gpu = summarize(bench, out)["ours"]
+        one_gpu = summarize(bench, out, "ours_compiled" if name.endswith("_compiled") else "ours")["ours"]
         s["speedup"] = one_gpu / s["ours"] if one_gpu and s["ours"] else None
     for ph in PHASES:
         s[ph] = med([r.get(f"time/{ph}", 0.0) or 0.0 for r in ours[1:]])
@@ -177,16 +179,17 @@ def main() -> None:
                     run_ours(bench, path, out, args.steps, args.timeout, name, tuple(args.override))
             if "trl" in args.only:
                 run_trl(bench, path, out, args.steps, args.timeout)
-            if "ours_split" in args.only:
-                run_ours(bench, path, out, args.steps, args.timeout, "ours_split", tuple(args.override))
+            for name in ("ours_split", "ours_split_compiled"):
+                if name in args.only:
+                    run_ours(bench, path, out, args.steps, args.timeout, name, tuple(args.override))
             print(table(summaries(bench, out)), flush=True)
     print(table([s for b in args.bench for s in summaries(b, out)]))
 
 
 def summaries(bench: str, out: Path) -> list[dict]:
     """The one-GPU row, and the compiled and split rows when those runs exist."""
-    return [summarize(bench, out)] + [summarize(bench, out, name) for name in ("ours_compiled", "ours_split")
-                                      if (out / f"{bench}-{name}").exists()]
+    return [summarize(bench, out)] + [summarize(bench, out, name) for name in RUNS[1:] if name != "trl"
+                                      and (out / f"{bench}-{name}").exists()]
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def main() -> None:
     import ray
     import torch
 
-    from launch.placement import ColocatedPlacement
+    from launch.placement import GpuPlacement
     from launch.testbed import QWEN3_06B, base_cfg, build_model, chat_prompts
     from launch.weight_sync import VLLMWeightSync
     from rl.models import load_tokenizer
@@ -58,7 +58,7 @@ def main() -> None:
                        rollout=dict(placement=placement, gpu_memory_utilization=0.3, enforce_eager=True,
                                     max_new_tokens=16, n_samples=2, num_gpus=share),
                        trainer=dict(num_gpus=share, micro_batch_size=4))
-        pg = ColocatedPlacement(cfg)  # colocated: worker and trainer in one GPU bundle, as the driver places them
+        pg = GpuPlacement(cfg)  # colocated: worker and trainer in one GPU bundle, as the driver places them
         worker = ray.remote(num_gpus=share, num_cpus=1)(RolloutWorker).options(**pg.options(0)).remote(cfg, path, 0)
         ray.get(worker.ready.remote())
         for zero in args.zero:

@@ -20,7 +20,7 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from launch.placement import ColocatedPlacement
+from launch.placement import GpuPlacement
 from rewards.judge import uses_rubric_judge
 from rewards.worker import RewardWorker
 from rl.batching import minibatch_norm, split_even
@@ -217,7 +217,7 @@ class Cluster:
         self._latest_weights = None
         self._store = None  # the trainer ranks' rendezvous (RendezvousStore)
         self._weight_sync = None  # vLLM: GPU weight sync (launch/weight_sync.py); hf: the object store, below
-        self._placement = ColocatedPlacement(cfg)  # colocated vLLM: trainer rank i and its workers share GPU i
+        self._placement = GpuPlacement(cfg)  # colocated: rank i and its workers share GPU i; split: k workers a GPU
         self.rollout = self.rewards = self.judge = self.reference = None
         self.trainers: list = []
         try:

@@ -1,4 +1,4 @@
-"""Where the actors run on GPUs: the colocated placement group, and the GPU-share checks made before Ray starts
+"""Where the actors run on GPUs: the run's placement group, and the GPU-share checks made before Ray starts
 (a wrong share would otherwise hang in Ray, waiting for resources that never come).
 
 `rollout.placement`:
@@ -6,7 +6,10 @@
   `rl.config.engines_per_gpu` of them: workers i*k .. i*k+k-1) and trainer rank i share bundle i (their fractional
   `num_gpus` split the GPU); the reference model and the rubric judge join GPU 0 when they ask for a fraction of a
   GPU (a whole GPU or more is placed outside the group, on a GPU of its own).
-- split: vLLM workers own their GPUs; no group.
+- split: vLLM workers own their GPUs. With k > 1 instances per rollout GPU (`rollout.num_gpus` = 1/k) a placement
+  group holds the rollout GPUs, workers g*k .. g*k+k-1 on bundle g, so that the instances of a GPU are known (the
+  weight sync sends to them in waves, launch/weight_sync.py) and Ray cannot spread them over the GPUs the trainer
+  needs; without it, no group.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rewards.judge import uses_rubric_judge
-from rl.config import ConfigError, check_choice, engines_per_gpu, is_colocated_vllm, needs_reference
+from rl.config import ConfigError, check_choice, engines_per_gpu, is_colocated_vllm, needs_reference, rollout_placement
+
 
 def check_gpu_layout(cfg: Mapping) -> None:
     """The vLLM placement and every actor's GPU share; raises ConfigError naming the key."""
@@ -30,12 +34,21 @@ def check_gpu_layout(cfg: Mapping) -> None:
                 f"{r.get('tensor_parallel_size', 1)}); use rollout.placement=split for tensor-parallel rollouts"
             )
     colocated_shares(cfg)
+    share = float(r.get("num_gpus") or 0)
+    split = r.get("engine") != "hf" and rollout_placement(r) == "split"
+    if split and 0 < share < 1 and int(r.get("tensor_parallel_size", 1)) != 1:
+        raise ConfigError(
+            f"rollout.placement=split with rollout.num_gpus={share} puts {engines_per_gpu(cfg)} vLLM instances on one "
+            f"GPU, which needs rollout.tensor_parallel_size == 1 (got {r.get('tensor_parallel_size')}); give each "
+            "tensor-parallel instance whole GPUs (rollout.num_gpus=1)"
+        )
     k = engines_per_gpu(cfg)
     if k > 1 and k * float(r.get("gpu_memory_utilization") or 0) >= 1:
+        where, short = (("rollout.num_workers / trainer.num_processes", "leaves nothing for the trainer")
+                        if is_colocated_vllm(cfg) else ("1 / rollout.num_gpus, split placement", "is all of the GPU"))
         raise ConfigError(
-            f"rollout.gpu_memory_utilization is per vLLM instance, and {k} instances share each GPU "
-            f"(rollout.num_workers / trainer.num_processes): {k} x {r['gpu_memory_utilization']} leaves nothing for the "
-            "trainer; lower it (e.g. the one-instance value / k)"
+            f"rollout.gpu_memory_utilization is per vLLM instance, and {k} instances share each GPU ({where}): "
+            f"{k} x {r['gpu_memory_utilization']} {short}; lower it (e.g. the one-instance value / k)"
         )
     if t.get("device") == "cuda" and needs_reference(cfg) and not float(t.get("ref_num_gpus") or 0):
         raise ConfigError(
@@ -67,54 +80,59 @@ def colocated_shares(cfg: Mapping) -> dict[str, float]:
     return shares
 
 
-class ColocatedPlacement:
-    """Colocated vLLM's placement group. `options(rank)` (trainer rank) / `worker_options(i)` (rollout worker) /
-    `options("reference")` / `options("judge")` give the Ray `.options(...)` kwargs ({} when not colocated, or for
-    a role placed outside the group)."""
+class GpuPlacement:
+    """The run's placement group (see the module's docstring). `options(rank)` (trainer rank) / `worker_options(i)`
+    (rollout worker) / `options("reference")` / `options("judge")` give the Ray `.options(...)` kwargs ({} where no
+    group is needed, or for a role placed outside the group)."""
 
     def __init__(self, cfg: dict):
         import ray
 
         self.pg = None
+        self.n = 0  # trainer ranks in the group (colocated)
+        self.on_gpu0: set[str] = set()
         self.engines = engines_per_gpu(cfg)
+        r, t = cfg["rollout"], cfg["trainer"]
         shares = colocated_shares(cfg)
-        if not shares:
+        if shares:
+            self.n = int(t["num_processes"])
+            roles = {"reference": "trainer.ref_num_gpus", "judge": "rewards.judge.num_gpus"}
+            self.on_gpu0 = {role for role, key in roles.items() if key in shares}
+            cpus = float(r["num_cpus"]) * self.engines + float(t["num_cpus"])
+            bundles = [{"GPU": 1.0, "CPU": cpus} for _ in range(self.n)]
+            if "reference" in self.on_gpu0:
+                bundles[0]["CPU"] += float(t["num_cpus"])
+            if "judge" in self.on_gpu0:
+                bundles[0]["CPU"] += float(cfg["rewards"]["judge"].get("num_cpus") or 0)
+        elif self.engines > 1:  # split, several instances per rollout GPU
+            gpus = -(-int(r["num_workers"]) // self.engines)
+            bundles = [{"GPU": 1.0, "CPU": float(r["num_cpus"]) * self.engines} for _ in range(gpus)]
+        else:
             return
         from ray.util.placement_group import placement_group
 
-        r, t = cfg["rollout"], cfg["trainer"]
-        self.n = int(t["num_processes"])
-        roles = {"reference": "trainer.ref_num_gpus", "judge": "rewards.judge.num_gpus"}
-        self.on_gpu0 = {role for role, key in roles.items() if key in shares}
-        cpus = float(r["num_cpus"]) * self.engines + float(t["num_cpus"])
-        bundles = [{"GPU": 1.0, "CPU": cpus} for _ in range(self.n)]
-        if "reference" in self.on_gpu0:
-            bundles[0]["CPU"] += float(t["num_cpus"])
-        if "judge" in self.on_gpu0:
-            bundles[0]["CPU"] += float(cfg["rewards"]["judge"].get("num_cpus") or 0)
         self.pg = placement_group(bundles, strategy="PACK")
         try:
             ray.get(self.pg.ready(), timeout=300)
         except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(f"colocated placement: Ray could not reserve {bundles}") from None
+            raise RuntimeError(f"{rollout_placement(r)} placement: Ray could not reserve {bundles}") from None
+
+    def _bundle(self, index: int) -> dict:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=self.pg,
+                                                                        placement_group_bundle_index=index)}
 
     def options(self, who: int | str) -> dict:
-        if self.pg is None:
-            return {}
         if isinstance(who, str):
             if who not in self.on_gpu0:
                 return {}
             who = 0
-        if who >= self.n:
-            return {}
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=self.pg,
-                                                                        placement_group_bundle_index=who)}
+        return self._bundle(who) if self.pg is not None and who < self.n else {}
 
     def worker_options(self, i: int) -> dict:
-        """Rollout worker i runs on trainer rank i // engines_per_gpu's GPU."""
-        return self.options(i // self.engines)
+        """Rollout worker i runs on the group's GPU i // engines_per_gpu (colocated: trainer rank i // k's)."""
+        return self._bundle(i // self.engines) if self.pg is not None else {}
 
     def remove(self) -> None:
         if self.pg is not None:

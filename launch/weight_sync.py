@@ -12,10 +12,11 @@ import ray
 from rl.config import engines_per_gpu, rollout_placement
 
 
-def ipc_waves(workers: list, engines: int) -> list[list]:
-    """The colocated workers in waves of one per GPU (worker i runs on GPU i // `engines`, launch/placement.py), each
-    wave sent the weights in its own CUDA-IPC export: torch frees a sent buffer once each export has been released
-    once, so no two processes may open one handle (trainer/weight_sync.py)."""
+def gpu_waves(workers: list, engines: int) -> list[list]:
+    """The workers in waves of at most one per GPU (worker i runs on GPU i // `engines` of its placement,
+    launch/placement.py), each wave sent the weights on its own: CUDA IPC (colocated) frees a sent buffer once each
+    export has been released once, so no two processes may open one handle; NCCL (split) cannot have two ranks of a
+    group on one GPU, so each wave has its own group (trainer/weight_sync.py)."""
     return [list(workers[w::engines]) for w in range(engines)]
 
 
@@ -25,29 +26,27 @@ class VLLMWeightSync:
     def __init__(self, cfg: dict, workers: list, trainers: list):
         r = cfg["rollout"]
         self.workers, self.trainers = workers, list(trainers)  # workers: the pool's live list (restarts replace entries)
-        # The placement rules (each rank's GPU holds its workers, TP 1 when colocated) were checked at start
-        # (launch/placement.py).
+        # The placement rules (each rank's GPU holds its workers, TP 1 when colocated, k instances per rollout GPU
+        # when split) were checked at start (launch/placement.py).
         colocated = rollout_placement(r) == "colocated"
         self.backend = "ipc" if colocated else "nccl"
         self.tp = int(r.get("tensor_parallel_size", 1))
         self.sleep_level = int(r.get("sleep_level", 2)) if (colocated and r.get("enable_sleep_mode")) else 0
-        self.engines = engines_per_gpu(cfg) if colocated else 1  # vLLM instances per GPU
+        self.engines = engines_per_gpu(cfg)  # vLLM instances per GPU
 
     def init(self) -> None:
-        if self.backend == "nccl":
-            addr, port = ray.get(self.trainers[0].weight_sync_address.remote())
-            world = 1 + len(self.workers) * self.tp
-            refs = [
-                w.init_weight_transfer_engine.remote(
-                    dict(init_info=dict(master_address=addr, master_port=port, rank_offset=1 + i * self.tp, world_size=world))
-                )
-                for i, w in enumerate(self.workers)
-            ]
-            refs += [t.init_weight_sync.remote("nccl", addr, port, world) for t in self.trainers]
-        else:
+        if self.backend == "ipc":
             refs = [w.init_weight_transfer_engine.remote(dict(init_info=dict())) for w in self.workers]
-            refs += [t.init_weight_sync.remote("ipc") for t in self.trainers]
-        ray.get(refs)
+            ray.get(refs + [t.init_weight_sync.remote("ipc") for t in self.trainers])
+            return
+        # NCCL: one group per wave (trainer rank 0 and one instance per rollout GPU), set up one after another
+        for wave in gpu_waves(self.workers, self.engines):
+            addr, port = ray.get(self.trainers[0].weight_sync_address.remote())
+            world = 1 + len(wave) * self.tp
+            refs = [w.init_weight_transfer_engine.remote(dict(init_info=dict(
+                master_address=addr, master_port=port, rank_offset=1 + i * self.tp, world_size=world)))
+                for i, w in enumerate(wave)]
+            ray.get(refs + [t.init_weight_sync.remote("nccl", addr, port, world) for t in self.trainers])
 
     def reattach(self, worker) -> None:
         """A restarted worker (already loaded through the CPU path) joins the transfer again."""
@@ -71,10 +70,11 @@ class VLLMWeightSync:
         t0 = time.perf_counter()
         ray.get([w.begin_weight_update.remote() for w in self.workers])
         t1 = time.perf_counter()
-        if self.backend == "ipc":  # every rank takes part (see WeightSender), one wave of workers per export
-            targets = [ipc_waves(self.workers, self.engines) for _ in self.trainers]
-        else:
-            targets = [[list(self.workers)]] + [[] for _ in self.trainers[1:]]
+        waves = gpu_waves(self.workers, self.engines)
+        if self.backend == "ipc":  # every rank takes part (see WeightSender), one export per wave
+            targets = [waves for _ in self.trainers]
+        else:  # rank 0 broadcasts to each wave over its group; the others only join ZeRO-3's gathers
+            targets = [waves] + [[] for _ in self.trainers[1:]]
         stats = ray.get([t.send_weights.remote(targets[i]) for i, t in enumerate(self.trainers)])
         t2 = time.perf_counter()
         ray.get([w.end_weight_update.remote() for w in self.workers])

@@ -182,13 +182,18 @@ def is_colocated_vllm(cfg: Mapping) -> bool:
 
 
 def engines_per_gpu(cfg: Mapping) -> int:
-    """Colocated vLLM: rollout workers (vLLM instances) on each trainer rank's GPU, rollout.num_workers /
-    trainer.num_processes (launch/placement.py checks that it divides). More than one pays off where vLLM's decode
-    loop is CPU-bound (a small model: two SmolLM2-135M instances decode 1.8x the tokens/s of one, benchmarks/README.md);
-    each has its own `rollout.num_gpus` and `rollout.gpu_memory_utilization`. 1 otherwise."""
-    if not is_colocated_vllm(cfg):
+    """vLLM instances (rollout workers) sharing one GPU. Colocated: rollout.num_workers / trainer.num_processes on
+    each trainer rank's GPU (launch/placement.py checks that it divides). Split: 1 / rollout.num_gpus on each rollout
+    GPU (0.5: two), at most rollout.num_workers. More than one pays off where vLLM's decode loop is CPU-bound (a small
+    model: two SmolLM2-135M instances decode 1.8x the tokens/s of one, benchmarks/README.md); each has its own
+    `rollout.num_gpus` and `rollout.gpu_memory_utilization`. 1 otherwise (the transformers engine: 1)."""
+    r = cfg["rollout"]
+    if is_colocated_vllm(cfg):
+        return max(1, int(r["num_workers"]) // int(cfg["trainer"]["num_processes"]))
+    share = float(r.get("num_gpus") or 0)
+    if r["engine"] == "hf" or rollout_placement(r) != "split" or not 0 < share < 1:
         return 1
-    return max(1, int(cfg["rollout"]["num_workers"]) // int(cfg["trainer"]["num_processes"]))
+    return max(1, min(int(r["num_workers"]), math.floor(1 / share + 1e-9)))
 
 
 def engine_memory_share(rcfg: Mapping, engines: int = 1) -> float | None:

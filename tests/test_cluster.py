@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from launch.cluster import ActorPool, RolloutInFlight
-from launch.placement import ColocatedPlacement
+from launch.placement import GpuPlacement, check_gpu_layout
 from rewards.worker import RewardWorker
 from rl.config import resolve_auto
 from rl.data import PromptMixture
@@ -173,7 +173,7 @@ def test_colocated_placement_pairs_workers_with_trainer_ranks(ray_local, per_gpu
             f"rollout.num_gpus={0.4 / per_gpu}", "trainer.num_gpus=0.4", "trainer.ref_num_gpus=0.1",
             "rewards.judge.num_gpus=0.1", f"rollout.num_cpus={0.25 / per_gpu}", "trainer.num_cpus=0.25"]), resolve=True)
     r, t = cfg["rollout"], cfg["trainer"]
-    placement = ColocatedPlacement(cfg)
+    placement = GpuPlacement(cfg)
     try:
         def probe(options, gpus, cpus):
             return GpuProbe.options(num_gpus=gpus, num_cpus=cpus, **options).remote()
@@ -192,7 +192,33 @@ def test_colocated_placement_pairs_workers_with_trainer_ranks(ray_local, per_gpu
             ray.kill(p)
     finally:
         placement.remove()
-    assert ColocatedPlacement({**cfg, "rollout": {**r, "engine": "hf"}}).options(0) == {}  # no group without vLLM
+    assert GpuPlacement({**cfg, "rollout": {**r, "engine": "hf"}}).options(0) == {}  # no group without vLLM
+
+
+def test_split_placement_puts_k_instances_on_each_rollout_gpu_and_leaves_the_trainer_a_gpu(ray_local):
+    """Split with rollout.num_gpus=0.5: workers 2g and 2g+1 share rollout GPU g (a placement group, so the weight
+    sync knows its waves and Ray cannot spread the instances over the GPU the trainer needs); the trainer, outside the
+    group, gets the other GPU whole. With whole-GPU workers there is no group."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=[
+            "+experiment=mixed_rl", "rollout=vllm", "rollout.placement=split", "rollout.num_workers=2",
+            "rollout.num_gpus=0.5", "rollout.gpu_memory_utilization=0.4", "rollout.num_cpus=0.25",
+            "trainer.num_gpus=1", "trainer.num_cpus=0.25"]), resolve=True)
+    check_gpu_layout(cfg)
+    r, t = cfg["rollout"], cfg["trainer"]
+    placement = GpuPlacement(cfg)
+    try:
+        assert placement.engines == 2 and placement.options(0) == {} and placement.options("reference") == {}
+        workers = [GpuProbe.options(num_gpus=r["num_gpus"], num_cpus=r["num_cpus"], **placement.worker_options(i))
+                   .remote() for i in range(2)]
+        trainer = GpuProbe.options(num_gpus=t["num_gpus"], num_cpus=t["num_cpus"]).remote()
+        gpus = [ray.get(p.gpu_ids.remote(), timeout=60) for p in [*workers, trainer]]
+        assert gpus[0] == gpus[1] and len(gpus[0]) == 1 and gpus[2] != gpus[0], gpus
+        for p in [*workers, trainer]:
+            ray.kill(p)
+    finally:
+        placement.remove()
+    assert GpuPlacement({**cfg, "rollout": {**r, "num_gpus": 1}}).pg is None  # one instance a GPU: no group
 
 
 @ray.remote(num_cpus=0)
@@ -270,6 +296,16 @@ class SyncRecorder:
         self.calls.append(("send", [sorted(ray.get([w.get_name.remote() for w in wave])) for wave in waves]))
         return {"seconds": 0.0, "bytes": 1, "tensors": 1}
 
+    def weight_sync_address(self):
+        self.port = getattr(self, "port", 29000) + 1
+        return "10.0.0.1", self.port
+
+    def init_weight_sync(self, backend, *group):
+        self.calls.append(("init", backend, *group))
+
+    def init_weight_transfer_engine(self, request):
+        self.calls.append(("init", request["init_info"]))
+
     def get_name(self):
         return self.name
 
@@ -277,31 +313,47 @@ class SyncRecorder:
         return self.calls
 
 
-@pytest.mark.parametrize("placement,engines", [("colocated", 1), ("colocated", 2), ("split", 1)])
+@pytest.mark.parametrize("placement,engines", [("colocated", 1), ("colocated", 2), ("split", 1), ("split", 2)])
 def test_weight_sync_sends_every_worker_from_the_right_ranks(ray_local, placement, engines):
     """Colocated (CUDA IPC): vLLM's sender is a collective over the trainer ranks in which rank 0 hands every
-    worker its GPU's handle, so every rank gets every worker, in waves of one worker per GPU when several share
-    one (worker i on GPU i // engines: each export is opened by one process); split (NCCL): rank 0 alone
-    broadcasts."""
+    worker its GPU's handle, so every rank gets every worker; split (NCCL): rank 0 alone broadcasts. Where several
+    instances share a GPU (worker i on GPU i // engines) they go in waves of one per GPU: each IPC export is opened
+    by one process, and each wave has its own NCCL group (a group cannot hold two ranks on one GPU), which rank 0
+    joins once per wave, with the wave's workers at ranks 1.. of it."""
     from launch.weight_sync import VLLMWeightSync
 
     workers = [SyncRecorder.remote(f"w{i}") for i in range(2 * engines)]
     trainers = [SyncRecorder.remote(f"t{i}") for i in range(2)]
+    share = 0.5 / engines if placement == "colocated" else 1 / engines  # split: 1 / rollout.num_gpus per GPU
     cfg = {"rollout": {"placement": placement, "tensor_parallel_size": 1, "enable_sleep_mode": True, "engine": "vllm",
-                       "num_gpus": 0.5 / engines, "num_workers": 2 * engines},
+                       "num_gpus": share, "num_workers": 2 * engines},
            "trainer": {"num_processes": 2}}
-    done = VLLMWeightSync(cfg, workers, trainers).sync()
+    sync = VLLMWeightSync(cfg, workers, trainers)
+    sync.init()
+    done = sync.sync()
     # its parts' seconds (the step's time/sync_<part>) add up to the whole sync
     assert done["wake"] + done["send"] + done["finish"] == pytest.approx(done["seconds"])
     assert all(done[k] >= 0 for k in ("wake", "send", "send_rank", "finish"))
-    sends = [[c for c in ray.get(t.get_calls.remote()) if c[0] == "send"] for t in trainers]
+    calls = [ray.get(t.get_calls.remote()) for t in trainers]
+    sends = [[c for c in ts if c[0] == "send"] for ts in calls]
+    inits = [[c[1:] for c in ts if c[0] == "init"] for ts in calls]
+    worker_inits = [[c[1] for c in ray.get(w.get_calls.remote()) if c[0] == "init"] for w in workers]
     if engines == 2:  # GPU 0 holds w0 and w1, GPU 1 w2 and w3
-        assert sends == [[("send", [["w0", "w2"], ["w1", "w3"]])]] * 2
+        waves = [["w0", "w2"], ["w1", "w3"]]
+        assert sends == ([[("send", waves)]] * 2 if placement == "colocated" else [[("send", waves)], [("send", [])]])
     elif placement == "colocated":
         assert sends == [[("send", [["w0", "w1"]])], [("send", [["w0", "w1"]])]]
     else:
         assert sends == [[("send", [["w0", "w1"]])], [("send", [])]]
-    assert all(ray.get(w.get_calls.remote()) == ["begin", "end"] for w in workers)
+    if placement == "colocated":
+        assert inits == [[("ipc",)], [("ipc",)]] and worker_inits == [[{}]] * len(workers)
+    else:  # one group per wave of the 2 GPUs: rank 0 and two workers each, on a port of its own
+        ports = [29001 + j for j in range(engines)]
+        assert inits == [[("nccl", "10.0.0.1", p, 3) for p in ports]] * 2
+        for i, got in enumerate(worker_inits):  # worker i: wave i % engines, rank 1 + its place in the wave
+            assert got == [dict(master_address="10.0.0.1", master_port=ports[i % engines],
+                                rank_offset=1 + i // engines, world_size=3)], (i, got)
+    assert all([c for c in ray.get(w.get_calls.remote()) if c[0] != "init"] == ["begin", "end"] for w in workers)
 
 
 def test_a_cluster_that_fails_to_start_stops_what_it_started(ray_local, tmp_path):

@@ -67,6 +67,12 @@ VLLM_COLOCATED = ("rollout=vllm", "trainer.num_gpus=0.4", "rollout.num_gpus=0.4"
         (("rollout.num_workers=2",), r"2 x rollout\.num_gpus 0\.8 \+ trainer\.num_gpus 0\.4"),
         # ... and each its own memory: three at vLLM's 0.4 would want 1.2 of the GPU
         (("rollout.num_workers=3", "rollout.num_gpus=0.1"), r"3 x 0\.4 leaves nothing for the trainer"),
+        # split: two instances on a rollout GPU, each at vLLM's 0.5, would want all of it
+        (("rollout.placement=split", "rollout.num_workers=2", "rollout.num_gpus=0.5", "rollout.gpu_memory_utilization=0.5"),
+         r"2 x 0\.5 is all of the GPU"),
+        # ... and a tensor-parallel instance cannot run on half a GPU
+        (("rollout.placement=split", "rollout.num_gpus=0.5", "rollout.tensor_parallel_size=2"),
+         r"tensor_parallel_size == 1"),
         (("rollout.placement=spread",), r"rollout\.placement"),
         (("rollout.max_staleness=1",), r"rollout\.max_staleness.*colocated vLLM"),
     ],

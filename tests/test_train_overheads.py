@@ -167,7 +167,7 @@ def test_engine_memory_share_is_vllms_gpu_memory_utilization():
     assert engine_memory_share({"engine": "vllm", "gpu_memory_utilization": 0.15, **sleeps}, engines=2) == 0.3
 
 
-def test_engines_per_gpu_is_workers_per_trainer_rank_when_colocated():
+def test_engines_per_gpu_is_workers_per_trainer_rank_when_colocated_and_one_over_the_share_when_split():
     def cfg(workers, ranks, **rollout):
         return {"rollout": {"engine": "vllm", "num_workers": workers, "num_gpus": 0.25, **rollout},
                 "trainer": {"num_processes": ranks}}
@@ -175,9 +175,14 @@ def test_engines_per_gpu_is_workers_per_trainer_rank_when_colocated():
     assert engines_per_gpu(cfg(2, 1)) == 2
     assert engines_per_gpu(cfg(4, 2)) == 2
     assert engines_per_gpu(cfg(2, 2)) == 1
-    # split placement and the transformers engine do not share a trainer's GPU
-    assert engines_per_gpu(cfg(2, 1, placement="split")) == 1
+    # split: 1 / rollout.num_gpus instances on each rollout GPU (what fits whole), at most the workers there are
+    assert engines_per_gpu(cfg(4, 1, placement="split", num_gpus=0.5)) == 2
+    assert engines_per_gpu(cfg(4, 1, placement="split", num_gpus=0.4)) == 2
+    assert engines_per_gpu(cfg(4, 1, placement="split", num_gpus=1 / 3)) == 3
+    assert engines_per_gpu(cfg(2, 1, placement="split")) == 2
+    assert engines_per_gpu(cfg(2, 1, placement="split", num_gpus=1)) == 1
     assert engines_per_gpu(cfg(2, 1, engine="hf")) == 1
+    assert engines_per_gpu(cfg(2, 1, engine="hf", placement="split", num_gpus=0.5)) == 1
 
 
 @pytest.mark.gpu

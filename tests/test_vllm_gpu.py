@@ -55,7 +55,7 @@ def ray_session():
                 ids=lambda p: "-".join(p))
 def setup(request, tmp_path_factory, ray_session):
     ray = ray_session
-    from launch.placement import ColocatedPlacement
+    from launch.placement import GpuPlacement
     from launch.weight_sync import VLLMWeightSync
     from rollout.worker import RolloutWorker
     from trainer.dist import open_store
@@ -73,7 +73,7 @@ def setup(request, tmp_path_factory, ray_session):
         trainer=dict(lr=1e-3, micro_batch_size=16, zero_stage=2, num_gpus=share),
         data=dict(prompts_per_step=4),
     )
-    pg = ColocatedPlacement(cfg)  # colocated: both actors in one GPU bundle, as the driver places them
+    pg = GpuPlacement(cfg)  # colocated: both actors in one GPU bundle, as the driver places them
     worker = ray.remote(num_gpus=share, num_cpus=1)(RolloutWorker).options(**pg.options(0)).remote(cfg, path, 0)
     ray.get(worker.ready.remote())  # vLLM first: it profiles free memory at start
     store = open_store()  # the trainer's rendezvous; serves while this fixture lives
@@ -237,35 +237,46 @@ def test_b_sync_after_step(setup):
     assert b["vllm_old_vs_trainer_new"] > 3 * b["vllm_new_vs_trainer_new"], b
 
 
-@pytest.mark.parametrize("bucket_mb", [512, 1])
-def test_two_instances_on_one_gpu_get_every_sync_and_leave_no_memory_behind(tmp_path, ray_session, bucket_mb):
-    """Colocated with two vLLM instances on one GPU (`rollout.num_workers=2`, sent to in waves,
-    launch.weight_sync.ipc_waves): after each step and sync both instances hold the new weights, and the trainer's
-    allocated memory stays flat from step to step (when both opened one CUDA-IPC export, torch kept every sent
-    1 GiB buffer: +1.00 GiB a step, out of memory at step 49 of a SmolLM2 run). bucket_mb=1: the ~10 MB model goes
-    in many exports (trainer.weight_sync.export_groups; one buffer sent in several chunks was kept the same way)."""
+@pytest.mark.parametrize("placement, bucket_mb", [("colocated", 512), ("colocated", 1), ("split", 512)])
+def test_two_instances_on_one_gpu_get_every_sync_and_leave_no_memory_behind(tmp_path, ray_session, placement,
+                                                                           bucket_mb):
+    """Two vLLM instances on one GPU, sent to in waves (launch.weight_sync.gpu_waves): after each step and sync both
+    hold the new weights, and the trainer's allocated memory stays flat from step to step. Colocated
+    (`rollout.num_workers=2` with one trainer rank): when both opened one CUDA-IPC export, torch kept every sent
+    1 GiB buffer (+1.00 GiB a step, out of memory at step 49 of a SmolLM2 run); bucket_mb=1: the ~10 MB model goes in
+    many exports (trainer.weight_sync.export_groups; one buffer sent in several chunks was kept the same way).
+    Split (2 GPUs; `rollout.num_gpus=0.5`): both instances on the rollout GPU, the trainer on the other, one NCCL
+    group per instance (a group cannot hold two processes of one GPU)."""
     ray = ray_session
-    from launch.placement import ColocatedPlacement
+    from launch.placement import GpuPlacement
     from launch.weight_sync import VLLMWeightSync
     from rollout.worker import RolloutWorker
     from trainer.dist import open_store
     from trainer.policy import PolicyTrainer
 
+    if placement == "split" and torch.cuda.device_count() < 2:
+        pytest.skip("split placement needs 2 GPUs")
     path = build_model(tmp_path / "dense", DENSE_SMALL)
+    share, trainer_share = (0.25, 0.5) if placement == "colocated" else (0.5, 1.0)
     cfg = base_cfg(path, keep_mask=False, keep_routing=False,
-                   rollout=dict(num_workers=2, num_gpus=0.25, gpu_memory_utilization=0.15, enforce_eager=True,
-                                n_samples=2, max_new_tokens=32, enable_sleep_mode=True, weight_sync_bucket_mb=bucket_mb),
-                   trainer=dict(lr=1e-3, micro_batch_size=16, zero_stage=2, num_gpus=0.5))
-    pg = ColocatedPlacement(cfg)
+                   rollout=dict(num_workers=2, num_gpus=share, gpu_memory_utilization=0.15, enforce_eager=True,
+                                n_samples=2, max_new_tokens=32, enable_sleep_mode=True, weight_sync_bucket_mb=bucket_mb,
+                                placement=placement),
+                   trainer=dict(lr=1e-3, micro_batch_size=16, zero_stage=2, num_gpus=trainer_share))
+    pg = GpuPlacement(cfg)
     workers = []
     for i in range(2):  # one at a time: each vLLM profiles the GPU's free memory as it starts
-        workers.append(ray.remote(num_gpus=0.25, num_cpus=1)(RolloutWorker).options(**pg.worker_options(i)).remote(
+        workers.append(ray.remote(num_gpus=share, num_cpus=1)(RolloutWorker).options(**pg.worker_options(i)).remote(
             cfg, path, i))
         ray.get(workers[-1].ready.remote())
+    gpus = ray.get([w.__ray_call__.remote(lambda self: ray.get_gpu_ids()) for w in workers])
+    assert gpus[0] == gpus[1], gpus  # both instances on one GPU
     store = open_store()
-    trainer = ray.remote(num_gpus=0.5, num_cpus=1)(PolicyTrainer).options(**pg.options(0)).remote(
+    trainer = ray.remote(num_gpus=trainer_share, num_cpus=1)(PolicyTrainer).options(**pg.options(0)).remote(
         cfg, path, 0, 1, "127.0.0.1", store.port)
     ray.get(trainer.ready.remote())
+    trainer_gpus = ray.get(trainer.__ray_call__.remote(lambda self: ray.get_gpu_ids()))
+    assert (trainer_gpus == gpus[0]) == (placement == "colocated"), (trainer_gpus, gpus)
     sync = VLLMWeightSync(cfg, workers, [trainer])
     sync.init()
     tok = load_tokenizer(path)
@@ -292,7 +303,7 @@ def test_two_instances_on_one_gpu_get_every_sync_and_leave_no_memory_behind(tmp_
         for a in [*workers, trainer]:
             ray.kill(a)
         pg.remove()
-    print(f"\n[two instances] trainer allocated GiB before each step {[round(a, 3) for a in allocated]}; "
+    print(f"\n[two instances, {placement}] trainer allocated GiB before each step {[round(a, 3) for a in allocated]}; "
           f"per step (instance 0 vs 1, instance 1 vs its last weights): {steps}")
     assert all(same < 0.01 and moved > 0.01 for same, moved in steps), steps
     # from step 2 (step 1 adds the optimizer's state): a kept buffer would add the model's bf16 bytes every step

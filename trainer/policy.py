@@ -303,19 +303,22 @@ class PolicyTrainer:
 
     def init_weight_sync(self, backend: str, master_address: str | None = None, master_port: int | None = None,
                          world_size: int | None = None) -> None:
-        """backend ipc (colocated) | nccl (split; rank 0 joins the vLLM workers' group)."""
+        """backend ipc (colocated) | nccl (split; rank 0 joins the group of one wave of vLLM workers: called once per
+        wave, `launch.weight_sync.gpu_waves`)."""
         from trainer.weight_sync import WeightSender
 
         rcfg = self.cfg["rollout"]
-        self.weight_sender = WeightSender(
-            backend, self.rank, self.zero_stage, torch_dtype(self.cfg["model"]["dtype"]),
-            bucket_mb=float(rcfg.get("weight_sync_bucket_mb", 512)), packed=bool(rcfg.get("weight_sync_packed", True)),
-        )
+        if getattr(self, "weight_sender", None) is None or self.weight_sender.backend != backend:
+            self.weight_sender = WeightSender(
+                backend, self.rank, self.zero_stage, torch_dtype(self.cfg["model"]["dtype"]),
+                bucket_mb=float(rcfg.get("weight_sync_bucket_mb", 512)),
+                packed=bool(rcfg.get("weight_sync_packed", True)),
+            )
         if backend == "nccl" and self.rank == 0:
             self.weight_sender.init_nccl(master_address, master_port, world_size)
 
     def send_weights(self, waves: list[list]) -> dict:
-        """Stream the current weights to each wave of workers (RolloutWorker handles; `launch.weight_sync.ipc_waves`);
+        """Stream the current weights to each wave of workers (RolloutWorker handles; `launch.weight_sync.gpu_waves`);
         on every rank (ZeRO-3 gathers)."""
         return self.weight_sender.send(self.model, waves)  # the HF model, not the DeepSpeed wrapper
 

@@ -7,14 +7,15 @@ Two placements (`rollout.placement`):
   (`IPCWeightTransferEngine.trainer_send_weights`, called by every rank: each exports handles of its own parameter
   memory, they are all-gathered, rank 0 sends them to every worker and each worker copies from the handle of its
   own GPU, found by the GPU's UUID). Instances sharing a GPU are sent to one after another, in waves of one
-  instance per GPU (`launch.weight_sync.ipc_waves`), and packed, each export carries one chunk (`export_groups`):
+  instance per GPU (`launch.weight_sync.gpu_waves`), and packed, each export carries one chunk (`export_groups`):
   torch expects one release per export of a CUDA tensor; a handle opened twice (two instances, or two chunks of one
   staging buffer) is released twice, after which torch never frees the sent buffer (vLLM's packed buffer, 1 GiB a
   sync: a run with two instances per GPU ran out of memory at step 49). vLLM sleeps while the trainer trains
   (`sleep(level)` after each rollout; `wake_up(["weights"])`, sync, `wake_up(["kv_cache"])`).
-- split: rollout workers own their GPUs; trainer rank 0 broadcasts over an NCCL group it shares with every vLLM
-  worker (`NCCLWeightTransferEngine`, packed buffers). NCCL between two processes on one GPU does not work, so
-  colocated always uses IPC.
+- split: rollout workers own their GPUs; trainer rank 0 broadcasts over an NCCL group it shares with the vLLM
+  workers (`NCCLWeightTransferEngine`, packed buffers). A group cannot hold two processes on one GPU (so colocated
+  always uses IPC): with several instances per rollout GPU, each wave of one instance per GPU has its own group, and
+  rank 0 broadcasts to the waves one after another.
 
 Per sync, driven by `launch.weight_sync.VLLMWeightSync.sync`: every worker `begin_weight_update` (wake weights +
 `start_weight_update`), every trainer rank `send_weights` (ZeRO-3: all ranks gather the parameters bucket by bucket,
@@ -109,34 +110,39 @@ class WeightSender:
         self.backend, self.rank, self.zero_stage, self.dtype = backend, rank, zero_stage, dtype
         self.bucket_bytes = int(float(bucket_mb) * 2**20)
         self.packed = packed
-        self.group = None
+        self.groups: list = []  # NCCL: one per wave of workers, in the order of the waves
 
     def init_nccl(self, master_address: str, master_port: int, world_size: int) -> None:
-        """Rank 0 joins the NCCL group of the vLLM workers (call together with their init_weight_transfer_engine)."""
+        """Rank 0 joins the NCCL group of the next wave of vLLM workers (call together with their
+        init_weight_transfer_engine)."""
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
-        self.group = NCCLWeightTransferEngine.trainer_init(
+        self.groups.append(NCCLWeightTransferEngine.trainer_init(
             dict(master_address=master_address, master_port=int(master_port), world_size=int(world_size))
-        )
+        ))
 
     def send(self, module: torch.nn.Module, waves: list[list]) -> dict:
-        """Send every parameter to each wave of workers in turn (Ray handles of RolloutWorker; IPC: at most one
-        worker per GPU in a wave, see the module's docstring; NCCL: one wave). Call on every rank under ZeRO-3."""
+        """Send every parameter to each wave of workers in turn (Ray handles of RolloutWorker, at most one worker per
+        GPU in a wave, see the module's docstring; NCCL: wave j over group j). Call on every rank under ZeRO-3."""
         t0 = time.perf_counter()
-        waves = [w for w in waves if w]
-        sending = bool(waves) and (self.backend == "ipc" or self.rank == 0)
+        sending = any(waves) and (self.backend == "ipc" or self.rank == 0)
         if not sending and self.zero_stage != 3:
             return {"seconds": 0.0, "bytes": 0, "tensors": 0}
+        if sending and self.backend == "nccl" and len(self.groups) < len(waves):
+            raise RuntimeError(f"NCCL weight sync: {len(waves)} waves of workers but {len(self.groups)} groups "
+                               "initialised (init_weight_sync('nccl', ...) once per wave)")
         nbytes = ntensors = 0
         for items in iter_weight_buckets(module, self.zero_stage, self.bucket_bytes, self.dtype):
             if not sending:
                 continue  # still take part in the ZeRO-3 gathers
             torch.cuda.synchronize()  # the optimizer step must have landed before another process reads
-            for workers in waves:
+            for j, workers in enumerate(waves):
+                if not workers:
+                    continue
                 if self.backend == "ipc":
                     self._send_ipc(items, workers)
                 else:
-                    self._send_nccl(items, workers)
+                    self._send_nccl(items, workers, self.groups[j])
             nbytes += sum(t.numel() * t.element_size() for _, t in items)
             ntensors += len(items)
         return {"seconds": time.perf_counter() - t0, "bytes": nbytes, "tensors": ntensors}
@@ -161,12 +167,10 @@ class WeightSender:
                                  "packed_buffer_size_bytes": max(sum(sizes[start:end]), 1)})
             IPCWeightTransferEngine.trainer_send_weights(iter(items[start:end]), args)
 
-    def _send_nccl(self, items, workers) -> None:
+    def _send_nccl(self, items, workers, group) -> None:
         import ray
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerSendWeightsArgs, NCCLWeightTransferEngine
 
-        if self.group is None:
-            raise RuntimeError("NCCL weight sync was not initialised (init_weight_sync('nccl', ...))")
         info = dict(
             names=[n for n, _ in items],
             dtype_names=[str(t.dtype).split(".")[-1] for _, t in items],
@@ -174,6 +178,6 @@ class WeightSender:
             packed=self.packed,
         )
         refs = [w.update_weights.remote(dict(update_info=info)) for w in workers]  # receivers block in broadcast
-        args = _make_args(NCCLTrainerSendWeightsArgs, group=self.group, packed=self.packed)
+        args = _make_args(NCCLTrainerSendWeightsArgs, group=group, packed=self.packed)
         NCCLWeightTransferEngine.trainer_send_weights(iter(items), args)
         ray.get(refs)

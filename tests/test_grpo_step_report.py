@@ -1,0 +1,55 @@
+"""benchmarks/grpo_step.py: its split runs are layouts the run accepts (smol with two vLLM instances on the rollout
+GPU, as `smol_math` runs two colocated), and their step throughput is reported against the one-GPU run with the same
+trainer settings (eager against eager, compiled against compiled)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from launch.config import check_config
+from rl.config import engines_per_gpu
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def grpo_step(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # it imports learn_real from its own directory
+    spec = importlib.util.spec_from_file_location("grpo_step", ROOT / "benchmarks" / "grpo_step.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("bench, engines", [("smol", 2), ("qwen06b", 1)])
+def test_split_runs_are_layouts_the_run_accepts(grpo_step, bench, engines):
+    overrides = grpo_step.split_overrides(bench)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=[
+            "+experiment=smol_math", "model.path=/nonexistent", *overrides]), resolve=True)
+    assert cfg["rollout"]["placement"] == "split" and cfg["rollout"]["max_staleness"] == 1
+    assert engines_per_gpu(cfg) == engines
+    check_config(cfg)
+
+
+def _metrics(path: Path, steps: list[float]) -> None:
+    path.mkdir(parents=True)
+    path.joinpath("metrics.jsonl").write_text("".join(
+        json.dumps({"step": i + 1, "time/step": s, "time/rollout": s / 2, "perf/mfu": 0.2}) + "\n"
+        for i, s in enumerate(steps)))
+
+
+def test_split_throughput_is_against_the_one_gpu_run_with_the_same_trainer(grpo_step, tmp_path):
+    _metrics(tmp_path / "smol-ours", [30.0, 2.0, 2.2, 2.0])
+    _metrics(tmp_path / "smol-ours_compiled", [30.0, 1.6, 1.6, 1.6])
+    _metrics(tmp_path / "smol-ours_split", [20.0, 1.0, 1.0, 1.1])
+    _metrics(tmp_path / "smol-ours_split_compiled", [20.0, 0.8, 0.8, 0.8])
+    rows = {s["bench"]: s for s in grpo_step.summaries("smol", tmp_path)}
+    assert rows["smol, colocated on 1 GPU"]["ours"] == 2.0  # median of steps 2.. (step 1 compiles and warms up)
+    assert rows["smol, split on 2 GPUs, max_staleness 1"]["speedup"] == pytest.approx(2.0)
+    assert rows["smol, split on 2 GPUs, max_staleness 1, trainer.compile"]["speedup"] == pytest.approx(2.0)
+    assert "2.00x" in grpo_step.table(list(rows.values()))

@@ -38,8 +38,8 @@ def check_gpu_layout(cfg: Mapping) -> None:
     split = r.get("engine") != "hf" and rollout_placement(r) == "split"
     if split and 0 < share < 1 and int(r.get("tensor_parallel_size", 1)) != 1:
         raise ConfigError(
-            f"rollout.placement=split with rollout.num_gpus={share} puts {engines_per_gpu(cfg)} vLLM instances on one "
-            f"GPU, which needs rollout.tensor_parallel_size == 1 (got {r.get('tensor_parallel_size')}); give each "
+            f"rollout.placement=split with rollout.num_gpus={share} runs vLLM instances on a share of one GPU, "
+            f"which needs rollout.tensor_parallel_size == 1 (got {r.get('tensor_parallel_size')}); give each "
             "tensor-parallel instance whole GPUs (rollout.num_gpus=1)"
         )
     k = engines_per_gpu(cfg)
@@ -104,7 +104,8 @@ class GpuPlacement:
                 bundles[0]["CPU"] += float(t["num_cpus"])
             if "judge" in self.on_gpu0:
                 bundles[0]["CPU"] += float(cfg["rewards"]["judge"].get("num_cpus") or 0)
-        elif self.engines > 1:  # split, several instances per rollout GPU
+        elif r["engine"] != "hf" and rollout_placement(r) == "split" and 0 < float(r.get("num_gpus") or 0) < 1:
+            # split, instances on a share of a rollout GPU: theirs alone (Ray would put the trainer on a free share)
             gpus = -(-int(r["num_workers"]) // self.engines)
             bundles = [{"GPU": 1.0, "CPU": float(r["num_cpus"]) * self.engines} for _ in range(gpus)]
         else:

@@ -40,13 +40,13 @@ class VLLMWeightSync:
             ray.get(refs + [t.init_weight_sync.remote("ipc") for t in self.trainers])
             return
         # NCCL: one group per wave (trainer rank 0 and one instance per rollout GPU), set up one after another
-        for wave in gpu_waves(self.workers, self.engines):
+        for j, wave in enumerate(gpu_waves(self.workers, self.engines)):
             addr, port = ray.get(self.trainers[0].weight_sync_address.remote())
             world = 1 + len(wave) * self.tp
             refs = [w.init_weight_transfer_engine.remote(dict(init_info=dict(
                 master_address=addr, master_port=port, rank_offset=1 + i * self.tp, world_size=world)))
                 for i, w in enumerate(wave)]
-            ray.get(refs + [t.init_weight_sync.remote("nccl", addr, port, world) for t in self.trainers])
+            ray.get(refs + [t.init_weight_sync.remote("nccl", addr, port, world, j) for t in self.trainers])
 
     def reattach(self, worker) -> None:
         """A restarted worker (already loaded through the CPU path) joins the transfer again."""

@@ -3,6 +3,8 @@ retried; the step loses nothing. Colocated placement puts each rollout worker on
 GPU bookkeeping, with GPUs declared on this CPU machine)."""
 
 import dataclasses
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -209,6 +211,9 @@ def test_split_placement_puts_k_instances_on_each_rollout_gpu_and_leaves_the_tra
     placement = GpuPlacement(cfg)
     try:
         assert placement.engines == 2 and placement.options(0) == {} and placement.options("reference") == {}
+        assert placement.pg.bundle_specs == [{"GPU": 1.0, "CPU": 0.5}]  # one rollout GPU, with both workers' CPUs
+        assert [placement.worker_options(i)["scheduling_strategy"].placement_group_bundle_index
+                for i in range(2)] == [0, 0]
         workers = [GpuProbe.options(num_gpus=r["num_gpus"], num_cpus=r["num_cpus"], **placement.worker_options(i))
                    .remote() for i in range(2)]
         trainer = GpuProbe.options(num_gpus=t["num_gpus"], num_cpus=t["num_cpus"]).remote()
@@ -218,7 +223,16 @@ def test_split_placement_puts_k_instances_on_each_rollout_gpu_and_leaves_the_tra
             ray.kill(p)
     finally:
         placement.remove()
-    assert GpuPlacement({**cfg, "rollout": {**r, "num_gpus": 1}}).pg is None  # one instance a GPU: no group
+    # three workers: two on GPU 0, one on GPU 1; a single half-GPU worker still gets its GPU to itself
+    for workers, bundles in ((3, [0, 0, 1]), (1, [0])):
+        placement = GpuPlacement({**cfg, "rollout": {**r, "num_workers": workers}})
+        try:
+            assert [placement.worker_options(i)["scheduling_strategy"].placement_group_bundle_index
+                    for i in range(workers)] == bundles
+            assert len(placement.pg.bundle_specs) == bundles[-1] + 1
+        finally:
+            placement.remove()
+    assert GpuPlacement({**cfg, "rollout": {**r, "num_gpus": 1}}).pg is None  # whole GPUs: no group
 
 
 @ray.remote(num_cpus=0)
@@ -349,11 +363,44 @@ def test_weight_sync_sends_every_worker_from_the_right_ranks(ray_local, placemen
         assert inits == [[("ipc",)], [("ipc",)]] and worker_inits == [[{}]] * len(workers)
     else:  # one group per wave of the 2 GPUs: rank 0 and two workers each, on a port of its own
         ports = [29001 + j for j in range(engines)]
-        assert inits == [[("nccl", "10.0.0.1", p, 3) for p in ports]] * 2
+        assert inits == [[("nccl", "10.0.0.1", p, 3, j) for j, p in enumerate(ports)]] * 2
         for i, got in enumerate(worker_inits):  # worker i: wave i % engines, rank 1 + its place in the wave
             assert got == [dict(master_address="10.0.0.1", master_port=ports[i % engines],
                                 rank_offset=1 + i // engines, world_size=3)], (i, got)
     assert all([c for c in ray.get(w.get_calls.remote()) if c[0] != "init"] == ["begin", "end"] for w in workers)
+
+
+def test_nccl_sender_broadcasts_each_wave_over_its_own_group(monkeypatch):
+    """Split with several instances per GPU: trainer rank 0 holds one NCCL group per wave (init_nccl once per wave,
+    wave 0 starts anew, so a second set-up does not leave a stale group first) and sends wave j over group j, every
+    parameter to every wave; other ranks send nothing; more waves than groups is an error, not a hang."""
+    import trainer.weight_sync as ws
+
+    made = iter(range(100))
+
+    class FakeEngine:  # stands in for vLLM's NCCLWeightTransferEngine.trainer_init (a communicator per call)
+        @staticmethod
+        def trainer_init(info):
+            return f"group{next(made)}@{info['master_port']}"
+
+    monkeypatch.setitem(sys.modules, "vllm.distributed.weight_transfer.nccl_engine",
+                        types.SimpleNamespace(NCCLWeightTransferEngine=FakeEngine))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    sender = ws.WeightSender("nccl", 0, 2, None, bucket_mb=1)
+    for wave, port in enumerate((101, 102)):
+        sender.init_nccl("127.0.0.1", port, 3, wave)
+    sender.init_nccl("127.0.0.1", 201, 3, 0)  # set up again: the groups start anew
+    sender.init_nccl("127.0.0.1", 202, 3, 1)
+    assert sender.groups == ["group2@201", "group3@202"]
+    sent = []
+    monkeypatch.setattr(sender, "_send_nccl", lambda items, workers, group: sent.append((workers, group, len(items))))
+    module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    stats = sender.send(module, [["w0", "w2"], ["w1", "w3"]])
+    assert sent == [(["w0", "w2"], "group2@201", 4), (["w1", "w3"], "group3@202", 4)]
+    assert stats["tensors"] == 4
+    assert ws.WeightSender("nccl", 1, 2, None, bucket_mb=1).send(module, [])["tensors"] == 0  # rank 1: nothing
+    with pytest.raises(RuntimeError, match="3 waves of workers but 2 groups"):
+        sender.send(module, [["w0"], ["w1"], ["w2"]])
 
 
 def test_a_cluster_that_fails_to_start_stops_what_it_started(ray_local, tmp_path):

@@ -302,9 +302,9 @@ class PolicyTrainer:
         return node_address(), free_port()
 
     def init_weight_sync(self, backend: str, master_address: str | None = None, master_port: int | None = None,
-                         world_size: int | None = None) -> None:
-        """backend ipc (colocated) | nccl (split; rank 0 joins the group of one wave of vLLM workers: called once per
-        wave, `launch.weight_sync.gpu_waves`)."""
+                         world_size: int | None = None, wave: int = 0) -> None:
+        """backend ipc (colocated) | nccl (split; rank 0 joins the group of wave `wave` of vLLM workers: called once
+        per wave, `launch.weight_sync.gpu_waves`)."""
         from trainer.weight_sync import WeightSender
 
         rcfg = self.cfg["rollout"]
@@ -315,7 +315,7 @@ class PolicyTrainer:
                 packed=bool(rcfg.get("weight_sync_packed", True)),
             )
         if backend == "nccl" and self.rank == 0:
-            self.weight_sender.init_nccl(master_address, master_port, world_size)
+            self.weight_sender.init_nccl(master_address, master_port, world_size, wave)
 
     def send_weights(self, waves: list[list]) -> dict:
         """Stream the current weights to each wave of workers (RolloutWorker handles; `launch.weight_sync.gpu_waves`);

@@ -112,11 +112,12 @@ class WeightSender:
         self.packed = packed
         self.groups: list = []  # NCCL: one per wave of workers, in the order of the waves
 
-    def init_nccl(self, master_address: str, master_port: int, world_size: int) -> None:
-        """Rank 0 joins the NCCL group of the next wave of vLLM workers (call together with their
-        init_weight_transfer_engine)."""
+    def init_nccl(self, master_address: str, master_port: int, world_size: int, wave: int = 0) -> None:
+        """Rank 0 joins the NCCL group of wave `wave` of vLLM workers (call together with their
+        init_weight_transfer_engine; wave 0 starts the set of groups anew)."""
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
+        del self.groups[wave:]
         self.groups.append(NCCLWeightTransferEngine.trainer_init(
             dict(master_address=master_address, master_port=int(master_port), world_size=int(world_size))
         ))

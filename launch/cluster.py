@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -131,13 +132,43 @@ class RolloutInFlight:
     while the driver is busy training (`rollout.max_staleness` = 1). Share i goes whole to reward worker
     i mod rewards.num_actors, which has already scored the share's groups that finished early (RewardWorker.prescore)."""
 
-    def __init__(self, rollout: "ActorPool", rewards: "ActorPool", requests: list, step: int, overrides: dict | None):
+    def __init__(self, rollout: "ActorPool", rewards: "ActorPool", requests: list, step: int, overrides: dict | None,
+                 after: "RolloutInFlight | None" = None):
+        """`after`: the rollout submitted before this one; the workers take this one up once that one is generated
+        (an actor runs one call at a time), which is where this one's generation starts (`generation_seconds`)."""
         self.rewards = rewards
         self.scorers = list(rewards.actors)
+        self.submitted, self._after, self._ended, self._end = time.perf_counter(), after, [], None
         # The scorers go along too: each rollout worker sends its finished groups to its share's scorer early.
         self.generate = rollout.submit("generate", requests, step, overrides, self.scorers)
         self.early = [self.scorers[i % len(self.scorers)].score.remote(ref) if ref is not None else None
                       for i, ref in enumerate(self.generate.refs)]
+        # When each share is generated, also when nobody waits for it (max_staleness 1: the driver is training)
+        self._shares = [ref for ref in self.generate.refs if ref is not None]
+        for ref in self._shares:
+            ref.future().add_done_callback(lambda _: self._ended.append(time.perf_counter()))
+
+    def generated_at(self) -> float | None:
+        """perf_counter() when the last share was generated (None while one is still generating)."""
+        if self._end is not None:
+            return self._end
+        return max(self._ended) if len(self._ended) == len(self._shares) else None
+
+    def wait_generated(self) -> None:
+        """Block until every share is generated (or failed; `scoring` retries it), at most the pool's timeout."""
+        if self._shares:
+            ray.wait(self._shares, num_returns=len(self._shares), timeout=self.generate.pool.timeout_s)
+
+    def generation_seconds(self) -> float:
+        """Seconds the workers spent on this rollout: from its submission, or the end of the rollout before it if
+        that came later, to its last share generated (a retried share: to when `scoring` got it). Call after
+        `scoring`."""
+        end = self.generated_at() or time.perf_counter()  # a done-callback can trail ray.wait by a moment
+        start = self.submitted
+        if self._after is not None:
+            start = max(start, self._after.generated_at() or start)
+            self._after = None  # keeps no chain of earlier rollouts alive
+        return max(end - start, 1e-9)
 
     def scoring(self) -> Scoring:
         """Wait for the generation (a worker that died or hung is replaced and its share retried); the scoring
@@ -153,6 +184,8 @@ class RolloutInFlight:
             refs = [None] * n
             refs[i % n] = self.early[i]
             by_share[i] = PendingMap(self.rewards, "score", shares, (), started=(self.scorers, refs))
+        if self.generate.retried:  # a retry's result came after its first call ended
+            self._end = time.perf_counter()
         return Scoring(by_share)
 
 
@@ -217,6 +250,7 @@ class Cluster:
         self._latest_weights = None
         self._store = None  # the trainer ranks' rendezvous (RendezvousStore)
         self._weight_sync = None  # vLLM: GPU weight sync (launch/weight_sync.py); hf: the object store, below
+        self._last_rollout: RolloutInFlight | None = None  # where the next rollout's generation starts
         self._placement = GpuPlacement(cfg)  # colocated: rank i and its workers share GPU i; split: k workers a GPU
         self.rollout = self.rewards = self.judge = self.reference = None
         self.trainers: list = []
@@ -303,7 +337,9 @@ class Cluster:
     # -- phases ------------------------------------------------------------------------------------------
     def submit_rollout(self, requests: list[dict], step: int, overrides: dict | None = None) -> RolloutInFlight:
         """`overrides`: sampling keys for held-out evaluation (see RolloutWorker.generate)."""
-        return RolloutInFlight(self.rollout, self.rewards, requests, step, overrides)
+        self._last_rollout = RolloutInFlight(self.rollout, self.rewards, requests, step, overrides,
+                                             after=self._last_rollout)
+        return self._last_rollout
 
     def collect_rollout(self, pending: RolloutInFlight, sleep: bool = True) -> "Scoring":
         """Wait for the rollout; each worker's share was sent on to a reward worker when it was generated, so

@@ -4,7 +4,8 @@
     -> policy update (mini-batches) -> weight sync -> [held-out eval] -> log -> checkpoint
 
 `rollout.max_staleness` = 1 lets the next step's rollout run while this step trains (0: synchronous). Its samples
-then come from weights one update old; pi_old is still the engine's, and OPSM covers the drift.
+then come from weights one update old; pi_old is still the engine's, and OPSM covers the drift. The weight sync
+waits for that rollout to end (`time/rollout_wait`: how long the trainer waited for the rollout GPUs).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def train(cfg: dict) -> dict:
                     submit_rollout(step + len(in_flight))
                 _, _, version, pending = in_flight.popleft()
                 scoring = cluster.collect_rollout(pending)  # shares are scored as they arrive
+            times["time/generate"] = pending.generation_seconds()  # the workers' part, also when it overlapped training
             with timed(times, "reward"):  # what scoring is left once the last share is generated
                 trajs = scoring.collect()
             assign_advantages(trajs, cfg["algorithm"]["normalize_adv_std"])
@@ -94,6 +96,9 @@ def train(cfg: dict) -> dict:
                         tr.ref_logprobs = lp
             with timed(times, "train"):
                 sums = cluster.train(minibatches(trajs, int(t["mini_batches"]), cfg["seed"], step))
+            if in_flight:  # the next rollout ends on the weights it started with before the new ones load
+                with timed(times, "rollout_wait"):
+                    in_flight[0][3].wait_generated()
             with timed(times, "sync"):
                 times.update({f"time/sync_{part}": s for part, s in cluster.sync_weights().items()})
             metrics = rollout_metrics(trajs, parts, staleness=step - 1 - version, agent_domains=agents)

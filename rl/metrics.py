@@ -207,13 +207,14 @@ class TrainStatSums:
 
 
 def step_metrics(step: int, times: dict[str, float], generated_tokens: int, skipped_long_prompts: int) -> dict:
-    """The step number, phase timings (`time/<phase>`, seconds), throughput (generated tokens per second) and the
-    data mixture's count of prompts skipped for length so far."""
+    """The step number, phase timings (`time/<phase>`, seconds), throughput (generated tokens per second: of the
+    whole step, and of the rollout workers over `time/generate`, their time on this step's samples, which overlaps
+    training when rollout.max_staleness = 1) and the data mixture's count of prompts skipped for length so far."""
     return {
         "step": step,
         **times,
         "throughput/tokens_per_s": generated_tokens / times["time/step"],
-        "throughput/rollout_tokens_per_s": generated_tokens / max(times["time/rollout"], 1e-9),
+        "throughput/rollout_tokens_per_s": generated_tokens / max(times["time/generate"], 1e-9),
         "data/skipped_long_prompts": skipped_long_prompts,
     }
 

@@ -4,6 +4,7 @@ GPU bookkeeping, with GPUs declared on this CPU machine)."""
 
 import dataclasses
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -498,3 +499,22 @@ def test_packed_ipc_exports_hold_one_chunk_each():
     assert [i for a, b in groups for i in range(a, b)] == list(range(len(sizes)))  # every tensor once, in order
     assert all(sum(sizes[a:b]) <= 10 or b - a == 1 for a, b in groups)
     assert all(sum(sizes[a:b + 1]) > 10 for a, b in groups[:-1])  # no group could have taken the next tensor
+
+
+def test_a_queued_rollout_counts_its_generation_from_the_end_of_the_one_before(ray_local, tiny_dense_path):
+    """With rollout.max_staleness = 1 a rollout is submitted while the one before it still generates (a worker runs
+    one call at a time): its `generation_seconds` (time/generate, the rollout tokens/s) starts where that one ended,
+    not at its submission, and `wait_generated` (time/rollout_wait) returns once it is generated."""
+    cfg, rollout, rewards, reqs = _rollout_and_rewards(tiny_dense_path, 1, 1)
+    first = RolloutInFlight(rollout, rewards, reqs, 1, None)
+    second = RolloutInFlight(rollout, rewards, reqs, 2, None, after=first)
+    second.wait_generated()
+    deadline = time.perf_counter() + 10
+    while (first.generated_at() is None or second.generated_at() is None) and time.perf_counter() < deadline:
+        time.sleep(0.01)  # the done-callbacks run on Ray's thread
+    assert first.submitted < first.generated_at() < second.generated_at()
+    first.scoring().collect(), second.scoring().collect()
+    one, queued = first.generation_seconds(), second.generation_seconds()
+    since_submitted = second.generated_at() - second.submitted  # both rollouts' generation
+    assert queued == pytest.approx(second.generated_at() - first.generated_at())
+    assert queued < 0.8 * since_submitted and one < 0.8 * since_submitted

@@ -147,6 +147,14 @@ def test_rollout_overlaps_training_with_a_staleness_bound(tmp_path):
     overlap = launch(tmp_path / "overlap", *common, "rollout.max_staleness=1")
     assert [r["rollout/staleness"] for r in sync] == [0.0, 0.0, 0.0]
     assert [r["rollout/staleness"] for r in overlap] == [0.0, 1.0, 1.0]
+    # the sync waits for the next rollout (not after the last step); the rollout's own time gives its tokens/s,
+    # and from step 2 it ran while the step before trained, so the loop's rollout phase only collects it
+    assert ["time/rollout_wait" in r for r in overlap] == [True, True, False]
+    assert not any("time/rollout_wait" in r for r in sync)
+    for r in sync + overlap:
+        generated = r["throughput/tokens_per_s"] * r["time/step"]
+        assert r["throughput/rollout_tokens_per_s"] * r["time/generate"] == pytest.approx(generated)
+    assert all(r["time/generate"] > r["time/rollout"] for r in overlap[1:])
     assert [x["response"] for x in rollouts(tmp_path / "sync", 1)] == [x["response"] for x in rollouts(tmp_path / "overlap", 1)]
     assert [x["prompt"] for x in rollouts(tmp_path / "sync", 3)] == [x["prompt"] for x in rollouts(tmp_path / "overlap", 3)]
 

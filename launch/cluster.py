@@ -58,6 +58,15 @@ def start_ray(rcfg: dict, run_dir: Path, lcfg: dict) -> None:
                  log_to_driver=not to_file, runtime_env=runtime_env)
 
 
+def when_ready(ref: ray.ObjectRef, callback: Callable[[], None]) -> None:
+    """Run `callback()` on a Ray thread once `ref`'s task has ended (its value or its error exists). Newer Ray's
+    `_on_ready` does not fetch the value; `future()` fetches and deserializes it, once more than the caller will."""
+    if hasattr(ref, "_on_ready"):
+        ref._on_ready(lambda _error: callback())
+    else:
+        ref.future().add_done_callback(lambda _future: callback())
+
+
 class PendingMap:
     """One `ActorPool.submit` in flight; `collect()` returns the results in item order."""
 
@@ -134,41 +143,45 @@ class RolloutInFlight:
 
     def __init__(self, rollout: "ActorPool", rewards: "ActorPool", requests: list, step: int, overrides: dict | None,
                  after: "RolloutInFlight | None" = None):
-        """`after`: the rollout submitted before this one; the workers take this one up once that one is generated
-        (an actor runs one call at a time), which is where this one's generation starts (`generation_seconds`)."""
+        """`after`: the rollout submitted before this one; worker i takes its share of this one up once its share of
+        that one is generated (an actor runs one call at a time): where this one starts (`generation_seconds`)."""
         self.rewards = rewards
         self.scorers = list(rewards.actors)
-        self.submitted, self._after, self._ended, self._end = time.perf_counter(), after, [], None
+        self.submitted, self._after, self._start, self._end = time.perf_counter(), after, None, None
         # The scorers go along too: each rollout worker sends its finished groups to its share's scorer early.
         self.generate = rollout.submit("generate", requests, step, overrides, self.scorers)
         self.early = [self.scorers[i % len(self.scorers)].score.remote(ref) if ref is not None else None
                       for i, ref in enumerate(self.generate.refs)]
         # When each share is generated, also when nobody waits for it (max_staleness 1: the driver is training)
-        self._shares = [ref for ref in self.generate.refs if ref is not None]
-        for ref in self._shares:
-            ref.future().add_done_callback(lambda _: self._ended.append(time.perf_counter()))
+        self._ended: dict[int, float] = {}
+        self._shares = {i: ref for i, ref in enumerate(self.generate.refs) if ref is not None}
+        for i, ref in self._shares.items():
+            when_ready(ref, lambda i=i: self._ended.__setitem__(i, time.perf_counter()))
 
-    def generated_at(self) -> float | None:
-        """perf_counter() when the last share was generated (None while one is still generating)."""
+    def generated_at(self, share: int | None = None) -> float | None:
+        """perf_counter() when the last share (or share `share`) was generated; None while it still generates."""
+        if share is not None:
+            return self._ended.get(share)
         if self._end is not None:
             return self._end
-        return max(self._ended) if len(self._ended) == len(self._shares) else None
+        return max(self._ended.values()) if len(self._ended) == len(self._shares) else None
 
     def wait_generated(self) -> None:
         """Block until every share is generated (or failed; `scoring` retries it), at most the pool's timeout."""
         if self._shares:
-            ray.wait(self._shares, num_returns=len(self._shares), timeout=self.generate.pool.timeout_s)
+            ray.wait(list(self._shares.values()), num_returns=len(self._shares), timeout=self.generate.pool.timeout_s)
 
     def generation_seconds(self) -> float:
-        """Seconds the workers spent on this rollout: from its submission, or the end of the rollout before it if
-        that came later, to its last share generated (a retried share: to when `scoring` got it). Call after
-        `scoring`."""
-        end = self.generated_at() or time.perf_counter()  # a done-callback can trail ray.wait by a moment
-        start = self.submitted
-        if self._after is not None:
-            start = max(start, self._after.generated_at() or start)
+        """Seconds the workers spent on this rollout: from the first worker's start on it (its submission, or when
+        that worker's share of the rollout before it was generated, if later) to its last share generated (a retried
+        share: to when `scoring` got it). Call after `scoring`."""
+        if self._start is None:
+            before = self._after.generated_at if self._after is not None else (lambda i: None)
+            self._start = min((max(self.submitted, before(i) or self.submitted) for i in self._shares),
+                              default=self.submitted)
             self._after = None  # keeps no chain of earlier rollouts alive
-        return max(end - start, 1e-9)
+        end = self.generated_at() or time.perf_counter()  # a done-callback can trail ray.wait by a moment
+        return max(end - self._start, 1e-9)
 
     def scoring(self) -> Scoring:
         """Wait for the generation (a worker that died or hung is replaced and its share retried); the scoring

@@ -158,10 +158,8 @@ class RolloutInFlight:
         for i, ref in self._shares.items():
             when_ready(ref, lambda i=i: self._ended.__setitem__(i, time.perf_counter()))
 
-    def generated_at(self, share: int | None = None) -> float | None:
-        """perf_counter() when the last share (or share `share`) was generated; None while it still generates."""
-        if share is not None:
-            return self._ended.get(share)
+    def generated_at(self) -> float | None:
+        """perf_counter() when the last share was generated; None while one still generates."""
         if self._end is not None:
             return self._end
         return max(self._ended.values()) if len(self._ended) == len(self._shares) else None
@@ -176,8 +174,8 @@ class RolloutInFlight:
         that worker's share of the rollout before it was generated, if later) to its last share generated (a retried
         share: to when `scoring` got it). Call after `scoring`."""
         if self._start is None:
-            before = self._after.generated_at if self._after is not None else (lambda i: None)
-            self._start = min((max(self.submitted, before(i) or self.submitted) for i in self._shares),
+            before = self._after._ended if self._after is not None else {}  # when each worker's share of it ended
+            self._start = min((max(self.submitted, before.get(i, self.submitted)) for i in self._shares),
                               default=self.submitted)
             self._after = None  # keeps no chain of earlier rollouts alive
         end = self.generated_at() or time.perf_counter()  # a done-callback can trail ray.wait by a moment

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learn_real import plot_curves, write_readme_section  # noqa: E402  (benchmarks/, this script's directory)
 
-SUCCESS = "agent/agent/success/smoke"  # rl/metrics.py: agent/<domain>/success/<env>
+SUCCESS = "episode/agent/success"  # rl/metrics.py: episode/<domain>/success
 
 
 def run(out: Path, name: str, steps: int, extra: list[str]) -> None:
@@ -48,7 +48,7 @@ def report(args) -> None:
              "| s/step (steps 2+) |", "|---|---|---|---|---|---|"]
     for name, rows in runs.items():
         ok = [r.get(SUCCESS, 0.0) for r in rows]
-        calls = [r.get("agent/agent/tool_calls") for r in rows]
+        calls = [r.get("episode/agent/tool_calls") for r in rows]
         calls = [c for c in calls if c is not None]
         secs = [r["time/step"] for r in rows[1:]]
         lines.append(f"| {name} | {len(rows)} | {mean(ok[:10]):.3f} | {mean(ok[-10:]):.3f} | "

@@ -2,7 +2,8 @@
 
 Roles, one class each: `rollout.worker.RolloutWorker`, `rewards.worker.RewardWorker`,
 `rollout.judge_worker.JudgeWorker` (when a domain uses the rubric judge), `trainer.policy.PolicyTrainer` (one per
-data-parallel rank) and `trainer.frozen.FrozenModel` (the KL reference, when a domain has kl_coef > 0).
+data-parallel rank) and `trainer.frozen.FrozenModel` (the KL reference, when a domain has kl_coef > 0). An objective
+that trains on a dataset (SFT: `Objective.source`) starts the trainer ranks only.
 Rollout and reward workers are stateless apart from weights, so one that dies or hangs is replaced (and re-synced)
 and its share retried once; a dead trainer rank ends the run with a pointer to the last checkpoint. Calls to a
 pool are submitted and collected separately, so a rollout can run while the trainer trains (the loop's
@@ -31,6 +32,7 @@ from rollout.judge_worker import JudgeWorker
 from rollout.worker import RolloutWorker
 from trainer.dist import node_address, open_store
 from trainer.frozen import FrozenModel
+from trainer.objectives import objective_of
 from trainer.policy import PolicyTrainer
 
 log = logging.getLogger(__name__)
@@ -272,6 +274,10 @@ class Cluster:
             raise
 
     def _start(self, cfg: dict, model_path: str) -> None:
+        if objective_of(cfg).source != "rollouts":  # samples from a dataset: no rollout, reward or judge workers
+            self._start_trainers(cfg, model_path)
+            self._get_trainers([a.ready.remote() for a in self.trainers])
+            return
         r, rw = cfg["rollout"], cfg["rewards"]
         gpu_judge = uses_rubric_judge(cfg["domains"]) and float(rw["judge"]["num_gpus"] or 0) > 0
         # vLLM profiles its GPU's free memory as it starts, so the trainers (which allocate) start after it; unless
@@ -331,7 +337,7 @@ class Cluster:
         addr, port = ray.get(self._store.address.remote())
         self.trainers = [trainer_cls.options(**self._placement.options(rank)).remote(cfg, model_path, rank, n, addr, port)
                          for rank in range(n)]
-        if needs_reference(cfg):
+        if needs_reference(cfg) and "reference" in objective_of(cfg).needs:
             ref_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
             self.reference = ref_cls.options(**self._placement.options("reference")).remote(cfg, model_path)
 
@@ -378,7 +384,10 @@ class Cluster:
 
     def sync_weights(self) -> dict[str, float]:
         """Trainer -> rollout workers: vLLM's GPU weight transfer (CUDA IPC / NCCL), else the object store.
-        Returns the seconds of its parts, vLLM only (`VLLMWeightSync.sync`: wake, send, send_rank, finish)."""
+        Returns the seconds of its parts, vLLM only (`VLLMWeightSync.sync`: wake, send, send_rank, finish). Nothing
+        without rollout workers (SFT)."""
+        if self.rollout is None:
+            return {}
         if self._weight_sync is not None:
             done = self._weight_sync.sync()
             return {k: done[k] for k in ("wake", "send", "send_rank", "finish")}

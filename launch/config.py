@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from launch.tracking import wandb_mode
 from rewards.compose import check_reward_specs, reward_section_keys
 from rl.config import ConfigError, check_number, is_colocated_vllm, resolve_auto, to_plain, validate
 from rl.models import resolve_model_path
-from trainer.objectives import OBJECTIVES
+from trainer.objectives import OBJECTIVES, objective_of
 
 log = logging.getLogger(__name__)
 
@@ -29,18 +30,43 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> dict:
-    """conf/train.yaml composed with Hydra overrides, resolved to plain dicts (what `python -m launch.train` runs)."""
+    """conf/train.yaml composed with Hydra overrides, resolved to plain dicts (what `python -m launch.train` runs).
+    Overrides Hydra cannot apply raise ConfigError with one line saying why."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return to_plain(hydra_compose(config_name="train", overrides=list(overrides)))
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose(config_name="train", overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(hydra_error_line(exc)) from None
+    return to_plain(cfg)
+
+
+def hydra_error_line(exc: Exception) -> str:
+    """Hydra's multi-line report of an override it cannot apply, as one line. A misspelled key (one no config file
+    defines, given without `+`) is named with the `+` form that would add it."""
+    text = str(exc)
+    missing = re.match(r"Could not override '([^']+)'\.\s*To append to your config use (\+\S+)", text)
+    if missing:
+        return (f"{missing.group(1)}: unknown key (a misspelling? to add a key that no config file defines, "
+                f"write {missing.group(2)})")
+    lines = []
+    for line in (ln.strip() for ln in text.splitlines()):
+        if line.startswith(("Config search path", "Set the environment")):
+            break
+        if line:
+            lines.append(line)
+    return "; ".join(lines).replace(":; ", ": ")[:500] or type(exc).__name__
 
 
 def check_config(cfg: dict) -> None:
     """Raise ConfigError for the first problem found (nothing is started). Domains switched off (weight 0) are
     checked like the others, then removed from cfg["domains"]."""
     check_known_keys(cfg)
+    check_objective(cfg)
     check_agent_domains(cfg)
     validate(cfg)
     try:
@@ -52,9 +78,6 @@ def check_config(cfg: dict) -> None:
         log.info("domains switched off (weight 0): %s", ", ".join(off))
         cfg["domains"] = {d: block for d, block in cfg["domains"].items() if d not in off}
     check_gpu_layout(cfg)
-    objective = cfg["algorithm"].get("objective", "grpo")
-    if objective not in OBJECTIVES:
-        raise ConfigError(f"algorithm.objective must be one of {sorted(OBJECTIVES)}, got {objective!r}")
     staleness = check_number(cfg["rollout"], "max_staleness", "rollout", lo=0, integer=True, optional=True) or 0
     if staleness > 1:
         # A worker runs one call at a time, so with 1 the next rollout already runs through the whole train step;
@@ -68,6 +91,25 @@ def check_config(cfg: dict) -> None:
         log.warning("rollout.temperature=0 (greedy): the %d samples of a prompt are identical, so every advantage "
                     "is 0 and GRPO learns nothing; sample with a temperature > 0", int(cfg["rollout"]["n_samples"]))
     check_wandb_login(cfg["logger"])
+
+
+def check_objective(cfg: dict) -> None:
+    """`algorithm.objective` exists and its sample source has its config: a dataset objective (SFT) comes with the
+    `algorithm=sft` group (its `algorithm.dataset`), and the run's `domains` (RL's prompts) are dropped for it."""
+    objective = cfg["algorithm"].get("objective", "grpo")
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"algorithm.objective must be one of {sorted(OBJECTIVES)}, got {objective!r}")
+    source, has_dataset = objective_of(cfg).source, cfg["algorithm"].get("dataset") is not None
+    if source == "dataset" and not has_dataset:
+        raise ConfigError(f"algorithm.objective={objective} trains on a dataset: choose its config group with "
+                          f"algorithm={objective} (or run python -m launch.sft), which brings algorithm.dataset")
+    if source != "dataset" and has_dataset:
+        raise ConfigError(f"algorithm.objective={objective} trains on rollouts, and algorithm.dataset is set (from "
+                          "algorithm=sft?): pick one objective's group, algorithm=grpo or algorithm=sft")
+    if source == "dataset" and cfg.get("domains"):
+        log.info("algorithm.objective=%s trains on algorithm.dataset; domains (%s) are not used", objective,
+                 ", ".join(cfg["domains"]))
+        cfg["domains"] = {}
 
 
 def check_agent_domains(cfg: dict) -> None:

@@ -6,7 +6,8 @@ with the policy of `model.path` on the configured rollout engine (transformers o
 episode scored by the environment's verifier. A task passes when one of its k episodes scores at least
 `--threshold`. The kept tasks go to `--out` as the episodes saw them: the environment's own task row (all its
 columns) when the row's id names one, else the dataset row with the domain's `columns` applied; training on them
-is `domains.DOMAIN.dataset.path=KEPT.jsonl` (columns `prompt` and `id` are read by default). One line per task
+is `++domains.DOMAIN.dataset.path=KEPT.jsonl` (`++` adds the key where the domain has no `dataset` block, as an
+agent domain reading its environment's tasks has not; columns `prompt` and `id` are read by default). One line per task
 with its pass count goes to `--report` when given; the summary prints pass@k overall. k may be 1 (pass@1).
 """
 
@@ -60,10 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +experiment=mixed_rl model.path=...")
     args, extra = ap.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = compose(list(args.overrides) + extra)
+    try:
+        cfg = compose(list(args.overrides) + extra)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     block = (cfg.get("domains") or {}).get(args.domain)
     if not block or not block.get("agent"):
-        print(f"domains.{args.domain}: not an agent domain of this config (it needs an `agent` block)", file=sys.stderr)
+        agents = sorted(d for d, b in (cfg.get("domains") or {}).items() if isinstance(b, dict) and b.get("agent"))
+        print(f"domains.{args.domain}: not an agent domain of this config (it needs an `agent` block; agent domains "
+              f"here: {', '.join(agents) or 'none, add the experiment that defines yours, e.g. +experiment=mixed_rl'})",
+              file=sys.stderr)
         return 2
     try:
         results = filter_tasks(cfg, args.domain, args.k, args.threshold)
@@ -75,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.report).write_text("".join(json_line({"id": row.get("id"), "passed": passed, "k": args.k})
                                              for row, passed in results))
     kept = sum(1 for _, passed in results if passed)
-    print(f"pass@{args.k}: {kept}/{len(results)} tasks solved at least once -> {args.out}", file=sys.stderr)
+    print(f"pass@{args.k}: {kept}/{len(results)} tasks solved at least once -> {args.out} (train on them with "
+          f"++domains.{args.domain}.dataset.path={args.out})", file=sys.stderr)
     return 0
 
 

@@ -29,13 +29,14 @@ import numpy as np
 
 from launch.config import CONF_DIR, compose
 from launch.tracking import json_line
-from rewards.compose import RewardComposer
+from rewards.compose import RewardComposer, check_reward_specs
 from rewards.judge import uses_rubric_judge
-from rl.config import to_plain
+from rl.config import ConfigError, to_plain
 from rl.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 BATCH = 256
+MAX_RESPONSE_TOKENS = 100_000_000  # far past any context window
 _RUNTIME_KEYS = ("response", "finish_reason", "response_tokens")
 
 
@@ -61,6 +62,8 @@ def _line_to_traj(k: int, row: dict, count_tokens: Callable[[str], int]) -> Traj
     n = row.get("response_tokens")
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         n = count_tokens(response)
+    if n > MAX_RESPONSE_TOKENS:  # the placeholder ids below would be allocated
+        raise ValueError(f"response_tokens={n} is more than {MAX_RESPONSE_TOKENS}")
     sample = {key: v for key, v in row.items() if key not in _RUNTIME_KEYS}
     finish = row.get("finish_reason") if row.get("finish_reason") in ("stop", "length") else "stop"
     # CLI lines have no token ids: empty prompt ids, placeholder response ids whose length is the token count.
@@ -104,7 +107,7 @@ def score_lines(lines: Iterable[str], cfg: dict, count_tokens: Callable[[str], i
                 row = json.loads(line)
                 if not isinstance(row, dict):
                     raise ValueError("line is not a JSON object")
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser goes
                 batch.append(({"line": k + 1}, None, f"invalid JSON: {str(exc)[:200]}"))
             else:
                 try:
@@ -117,6 +120,22 @@ def score_lines(lines: Iterable[str], cfg: dict, count_tokens: Callable[[str], i
             yield from flush()
     finally:
         composer.close()
+
+
+def _load_config(args) -> dict[str, Any]:
+    if args.config:
+        cfg = load_plain_config(args.config)
+        if args.overrides:
+            from omegaconf import OmegaConf
+
+            cfg = to_plain(OmegaConf.merge(OmegaConf.create(cfg), OmegaConf.from_dotlist(args.overrides)))
+    else:
+        cfg = load_hydra_config(args.overrides)
+    try:
+        check_reward_specs(cfg["domains"], cfg.get("rewards") or {}, (cfg.get("rollout") or {}).get("max_new_tokens", 0))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,15 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     args.overrides = list(args.overrides) + extra
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
-    cfg: dict[str, Any]
-    if args.config:
-        cfg = load_plain_config(args.config)
-        if args.overrides:
-            from omegaconf import OmegaConf
-
-            cfg = to_plain(OmegaConf.merge(OmegaConf.create(cfg), OmegaConf.from_dotlist(args.overrides)))
-    else:
-        cfg = load_hydra_config(args.overrides)
+    try:
+        cfg = _load_config(args)
+    except ConfigError as e:  # a misspelled override, a reward that does not import: one line, as launch.train
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     count = word_count
     if args.tokenizer:
         from transformers import AutoTokenizer

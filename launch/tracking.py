@@ -3,8 +3,10 @@ samples of every step, and the run's summary at the end.
 
 The same dict goes everywhere; `None` values (e.g. `kl/<domain>` for a domain whose reference was not run, or
 `reward/<domain>/mean` on a step that drew no prompt of that domain) are written as null to the jsonl and left out
-of W&B. A resumed run continues the same W&B run: its id is kept in `run_dir/wandb_run_id`; the charts' x-axis is
-the metric `step`, so the steps a resumed run redoes are logged again, not dropped.
+of W&B. W&B is written by a process of its own (launch/wandb_logger.py), so a run killed with `kill -9` still has
+every step it logged in W&B's files. A resumed run continues the same W&B run: its id is kept in
+`run_dir/wandb_run_id` (and with its name in `run_dir/wandb_run.json`); the charts' x-axis is the metric `step`, so
+the steps a resumed run redoes are logged again, not dropped.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import secrets
 import string
 import time
 from pathlib import Path
+
+from launch.wandb_logger import WandbProcess, reward_summary, wandb_summary
 
 log = logging.getLogger(__name__)
 
@@ -54,30 +58,26 @@ class Tracker:
             self._truncate_after(start_step)
         self.started = time.time()
         self.launched = launched or self.started
-        self.run = None
+        self.run: WandbProcess | None = None
+        self.lines = 0  # metrics.jsonl's rows so far
+        if self.path.exists():
+            with self.path.open() as f:
+                self.lines = sum(1 for _ in f)
         mode = wandb_mode(lcfg["mode"])
         if mode != "disabled":
-            import wandb
-
             id_file = run_dir / "wandb_run_id"
             run_id = lcfg.get("run_id") or (id_file.read_text().strip() if resume and id_file.exists() else None)
             run_id = run_id or "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
             id_file.write_text(run_id)
-            self.run = wandb.init(
-                project=lcfg["project"],
-                entity=lcfg.get("entity"),
-                name=cfg.get("run_name"),
-                group=lcfg.get("group"),
-                dir=str(run_dir),
-                mode=mode,
-                config=cfg,
-                resume="allow",
-                id=run_id,
-            )
-            # Our step is a metric and the x-axis of every chart, not W&B's own step: a resumed run redoes the steps
-            # after its checkpoint, which W&B would drop as lower than the steps it already has.
-            self.run.define_metric("step")
-            self.run.define_metric("*", step_metric="step")
+            init = dict(project=lcfg["project"], entity=lcfg.get("entity"), name=cfg.get("run_name"),
+                        group=lcfg.get("group"), dir=str(run_dir), mode=mode, config=cfg, resume="allow", id=run_id)
+            self.run = WandbProcess({"init": init, "run_dir": str(run_dir), "resume": resume,
+                                     "start_step": start_step, "lines": self.lines})
+            if self.run.replayed:
+                log.info("W&B: %d steps of metrics.jsonl that no W&B file of run %s held were logged again",
+                         self.run.replayed, run_id)
+            log.info("W&B run %s (%s): %s, written by its own process (log: %s)", run_id, self.run.name,
+                     self.run.url or Path(self.run.dir).parent, self.run.log_path)
         self.rollouts_dir = run_dir / "rollouts" if lcfg.get("save_rollouts", True) else None
         self.bar = None
         if lcfg.get("progress_bar", True):
@@ -98,15 +98,22 @@ class Tracker:
 
     def log(self, metrics: dict) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        line = json.dumps(clean, sort_keys=True)
         with self.path.open("a") as f:
-            f.write(json.dumps(clean, sort_keys=True) + "\n")
-        if self.run is not None:
-            self.run.log({k: v for k, v in clean.items() if v is not None})
+            f.write(line + "\n")
+        self.lines += 1
+        if self.run is not None and self.run.alive:  # to W&B's logger process, after the line (which it reads
+            # itself if the run dies in between)
+            if not self.run.send_line(f'{{"n": {self.lines}, "t": {time.time()!r}, "row": {line}}}'):
+                log.warning("the W&B logger process ended (see %s): W&B gets no more steps in this run; "
+                            "metrics.jsonl has them all and a resumed run logs them to W&B", self.run.log_path)
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(
-                reward=f"{metrics.get('reward/mean', 0):.3f}", len=f"{metrics.get('response_length/mean', 0):.0f}"
-            )
+            if "loss/sft" in metrics:  # SFT: no rewards, its loss is the number to watch
+                self.bar.set_postfix(loss=f"{metrics['loss/sft']:.3f}", tokens=f"{metrics.get('sft/tokens', 0):.0f}")
+            else:
+                self.bar.set_postfix(reward=f"{metrics.get('reward/mean', 0):.3f}",
+                                     len=f"{metrics.get('response_length/mean', 0):.0f}")
 
     def save_rollouts(self, name: str, trajs) -> None:
         """One jsonl per step (`name`: step_N, eval_step_N) under run_dir/rollouts/: what was asked, answered and
@@ -134,19 +141,17 @@ class Tracker:
                 continue
         out: dict = {"steps": len(rows), "last_step": rows[-1]["step"] if rows else 0,
                      "seconds_training": round(time.time() - self.started, 1),
-                     "seconds_start_up": round(self.started - self.launched, 1), "reward": {}}
-        domains = sorted({k.split("/")[1] for r in rows for k in r if k.startswith("reward/") and k.count("/") == 2
-                          and k.endswith("/mean")})
-        for name, key in [("all", "reward/mean"), *((d, f"reward/{d}/mean") for d in domains)]:
-            seen = [r[key] for r in rows if r.get(key) is not None]
-            n = max(1, min(3, len(seen) // 2))
-            if seen:
-                out["reward"][name] = {"first": sum(seen[:n]) / n, "last": sum(seen[-n:]) / n, "steps_averaged": n}
+                     "seconds_start_up": round(self.started - self.launched, 1), "reward": reward_summary(rows)}
         ckpts = sorted((self.run_dir / "checkpoints").glob("step_*/COMPLETE"))
         out["outputs"] = {"run_dir": str(self.run_dir), "metrics": str(self.path),
-                          "rollouts": str(self.rollouts_dir) if self.rollouts_dir else None,
+                          # SFT writes no rollouts: name the folder only when it holds something
+                          "rollouts": str(self.rollouts_dir) if self.rollouts_dir and self.rollouts_dir.exists()
+                          else None,
                           "last_checkpoint": str(ckpts[-1].parent / "hf") if ckpts else None,
-                          "log": str(self.run_dir / "train.log")}
+                          "log": str(self.run_dir / "train.log"),
+                          # the charts as one HTML page, made on demand (not at close: ~0.4 s per 1000 steps)
+                          "report": f"python -m launch.report {self.run_dir} (writes "
+                                    f"{self.run_dir / 'report.html'})"}
         if self.run is not None:
             out["outputs"]["wandb"] = str(Path(self.run.dir).parent)
         return out
@@ -157,18 +162,19 @@ class Tracker:
             self.bar.close()
         summary = self.summary()
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-        if self.run is not None:
-            flat = {f"summary/reward/{d}/{k}": v for d, s in summary["reward"].items() for k, v in s.items()
-                    if k != "steps_averaged"}
-            self.run.summary.update({**flat, "summary/steps": summary["steps"]})
-            self.run.finish()
+        if self.run is not None:  # W&B's logger logs what it has not got yet, writes the summary and finishes
+            try:
+                self.run.close(self.lines, wandb_summary(summary["reward"], summary["steps"]))
+            except Exception as e:  # noqa: BLE001 - the run's own outputs are written; W&B's are reported
+                log.warning("W&B did not close cleanly: %s", e)
         return summary
 
 
 def format_summary(summary: dict) -> str:
     """The summary as the few lines printed when a run ends."""
     lines = [f"done: {summary['steps']} steps (last {summary['last_step']}) in {summary['seconds_training']:.0f} s "
-             f"(+{summary['seconds_start_up']:.0f} s start-up). Mean reward, first -> last steps with samples:"]
+             f"(+{summary['seconds_start_up']:.0f} s start-up)." + (" Mean reward, first -> last steps with samples:"
+                                                                   if summary["reward"] else "")]
     for d, s in summary["reward"].items():
         lines.append(f"  {d}: {s['first']:.3f} -> {s['last']:.3f} (over {s['steps_averaged']} steps)")
     for k, v in summary["outputs"].items():

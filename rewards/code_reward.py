@@ -19,10 +19,10 @@ import ast
 import time
 
 from .spec import RewardZero, SampleView
-from .sandbox import RunResult, SandboxLimits, run_program
+from .sandbox import RunResult, SandboxLimits, run_program, sandbox_limits_from_config
 from .text import last_python_block
 
-GUARD_STATUSES = ("timeout", "cpu_limit", "memory", "output_limit", "forbidden", "killed")
+GUARD_STATUSES = ("timeout", "cpu_limit", "memory", "output_limit", "write_limit", "forbidden", "killed")
 
 
 def _blocks(tests) -> list[dict]:
@@ -93,15 +93,6 @@ def run_tests(program: str, tests, limits: SandboxLimits, deadline: float | None
     return passed, total, runs
 
 
-def limits_from_params(params: dict) -> SandboxLimits:
-    return SandboxLimits(
-        wall_s=params["wall_s"], cpu_s=params["cpu_s"], memory_mb=params["memory_mb"],
-        output_bytes=params["output_bytes"], max_procs=params["max_procs"], netns=params["network_namespace"],
-        uid_base=params["sandbox_uid_base"],
-        require_os_isolation=bool(params.get("require_os_isolation", False)),
-    )
-
-
 def code_reward(view: SampleView, params: dict) -> float:
     tests = view.sample.get("tests")
     blocks = _blocks(tests)  # bad/missing tests -> ValueError -> a reported part error
@@ -110,7 +101,7 @@ def code_reward(view: SampleView, params: dict) -> float:
         raise RewardZero("no python code block in the answer")
     if len(program) > params["max_program_chars"]:
         raise RewardZero(f"program longer than {params['max_program_chars']} characters")
-    passed, total, runs = run_tests(program, blocks, limits_from_params(params), params.get("_deadline"))
+    passed, total, runs = run_tests(program, blocks, sandbox_limits_from_config(params), params.get("_deadline"))
     if total == 0:
         raise ValueError("sample has no test cases")
     score = passed / total if params["mode"] == "fraction" else float(passed == total)

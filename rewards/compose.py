@@ -19,8 +19,10 @@ Failure policy (rewards never take the run down):
 from __future__ import annotations
 
 import concurrent.futures as cf
+import decimal
 import logging
 import math
+import numbers
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -37,6 +39,39 @@ from .spec import RewardSpec, RewardZero, SampleView, validate_params
 from .text import answer_part, sanitize
 
 logger = logging.getLogger(__name__)
+
+
+def finite_real(value: Any) -> float | None:
+    """`value` as a float if it is a finite real number (int, float, Fraction, Decimal, numpy scalars, a
+    one-element numpy array or tensor), else None. A bool is not a score; an int too large for a float is not finite."""
+    if isinstance(value, (bool, str, bytes, complex)) or value is None:
+        return None
+    if not isinstance(value, (numbers.Real, decimal.Decimal)):
+        item = getattr(value, "item", None)  # numpy arrays and torch tensors: item() raises unless one element
+        try:
+            value = item() if callable(item) else None
+        except Exception:  # noqa: BLE001 - whatever it is, it is not a score
+            return None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return None
+    try:
+        score = float(value)
+    except (OverflowError, ValueError, TypeError, ArithmeticError):  # 10**400, Decimal('sNaN'), odd __float__
+        return None
+    return score if math.isfinite(score) else None
+
+
+def describe_value(value: Any, limit: int = 80) -> str:
+    """A bounded description of a reward's return value for its failure reason (a huge int has no repr at all
+    past Python's digit limit, a huge string would flood the rollout dump)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - e.g. ValueError: exceeds the limit for integer string conversion
+        text = f"<{type(value).__name__} without a printable value>"
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({type(value).__name__}, {len(text)} characters)"
+    return text
+
 
 # Sample fields a reward cannot work without.
 NEEDED_FIELDS = {"math": ("answer",), "exact_match": ("answer",), "code": ("tests",), "rubric_judge": ("rubric",)}
@@ -151,7 +186,11 @@ class RewardComposer:
         self.code_parallel = int(code_cfg.get("parallel") or workers)
         runners = {p.runner for parts in self.domains.values() for p in parts}
         uses_math = any(p.name == "math" for parts in self.domains.values() for p in parts)
-        self._pool = (KillablePool(self.pool_size, self.pool_memory_mb, warmup=warm_up_math if uses_math else None)
+        out_cfg = self.rewards_cfg.get("output") or {}
+        output_caps = (int(float(out_cfg.get("max_kb_per_sample", 4)) * 1024),
+                       int(float(out_cfg.get("max_mb_per_worker", 1)) * 1024 * 1024))
+        self._pool = (KillablePool(self.pool_size, self.pool_memory_mb, warmup=warm_up_math if uses_math else None,
+                                   output_caps=output_caps)
                       if "pool" in runners else None)
         self._threads = (cf.ThreadPoolExecutor(self.code_parallel, thread_name_prefix="reward-code")
                          if "threads" in runners else None)
@@ -233,11 +272,12 @@ class RewardComposer:
     @staticmethod
     def _check_value(part: Part, value: Any) -> _Result:
         lo, hi = part.spec.score_range
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return _Result(0.0, f"returned {value!r}, not a finite number", failed=True)
-        if not lo - 1e-9 <= value <= hi + 1e-9:
-            return _Result(0.0, f"returned {value!r}, outside [{lo}, {hi}]", failed=True)
-        return _Result(float(min(max(value, lo), hi)))
+        score = finite_real(value)
+        if score is None:
+            return _Result(0.0, f"returned {describe_value(value)}, not a finite real number", failed=True)
+        if not lo - 1e-9 <= score <= hi + 1e-9:
+            return _Result(0.0, f"returned {describe_value(value)}, outside [{lo}, {hi}]", failed=True)
+        return _Result(min(max(score, lo), hi))
 
     def _run_pool(self, trajs, jobs, results) -> None:
         tasks, sent = [], []

@@ -32,6 +32,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .output_cap import begin_sample, capture_output, end_sample
+
 logger = logging.getLogger(__name__)
 
 # Modules the forkserver imports once, so each forked worker starts with them loaded (math-verify + sympy take
@@ -124,9 +126,11 @@ class Outcome:
     expected: bool = False  # the task raised RewardZero: an expected zero, not a failure
 
 
-def _init_worker(memory_mb: int, forkserver_pid: int | None = None) -> None:
+def _init_worker(memory_mb: int, forkserver_pid: int | None = None, output_caps: tuple[int, int] = (0, 0)) -> None:
     # Die with the forkserver, our parent (which itself dies with the pool owner).
     _die_with_parent(forkserver_pid)
+    # A reward that prints in a loop must not fill the run's log (rewards/output_cap.py).
+    capture_output(*output_caps)
     # Cap each worker's address space so one hostile sympy expression cannot take the machine's memory;
     # it gets a MemoryError inside the task instead.
     if memory_mb:
@@ -139,12 +143,15 @@ def _run_task(fn: Callable, args: tuple) -> tuple[str, Any]:
     """Runs in the worker. Exceptions become values so the parent can tell them from a broken pool."""
     from .spec import RewardZero
 
+    begin_sample(_fn_key(fn))
     try:
         return "ok", fn(*args)
     except RewardZero as exc:
         return "zero", str(exc)
     except BaseException as exc:  # noqa: BLE001 - any failure of a reward is reported, never propagated
         return "error", f"{type(exc).__name__}: {str(exc)[:300]}"
+    finally:
+        end_sample()
 
 
 def _ping() -> int:
@@ -168,9 +175,10 @@ def _main_module_hidden():
 
 class KillablePool:
     def __init__(self, size: int, memory_mb: int = 0, warmup: Callable[[], None] | None = None,
-                 start_timeout_s: float = 120.0):
+                 start_timeout_s: float = 120.0, output_caps: tuple[int, int] = (0, 0)):
         self.size = max(1, int(size))
         self.memory_mb = int(memory_mb or 0)
+        self.output_caps = tuple(int(x) for x in output_caps)  # bytes kept per task, per worker (0 = no cap)
         self.warmup = warmup
         self.start_timeout_s = start_timeout_s
         self.restarts = 0
@@ -190,7 +198,7 @@ class KillablePool:
         forkserver_pid = _ensure_forkserver()
         self._executor = cf.ProcessPoolExecutor(
             max_workers=self.size, mp_context=self._ctx, initializer=_init_worker,
-            initargs=(self.memory_mb, forkserver_pid),
+            initargs=(self.memory_mb, forkserver_pid, self.output_caps),
         )
         # Start every worker now (the executor spawns lazily) so start-up time never counts against a task.
         # Workers are only ever created here (they are not replaced one by one), so hiding the caller's main

@@ -51,6 +51,9 @@ REWARDS: dict[str, RewardSpec] = {
         "network_namespace": Param(bool, True),
         "sandbox_uid_base": Param(int, 60000, **_pos),
         "require_os_isolation": Param(bool, False),  # refuse to run code without OS-level isolation
+        "packages": Param((list, tuple), ("numpy",), check=lambda v: all(isinstance(x, str) for x in v),
+                          hint="must be a list of package names"),  # third-party packages a program may import
+        "max_write_mb": Param(int, 32, **_pos),  # write quota of one run
     }),
     "exact_match": RewardSpec(exact_match, params={"max_answer_chars": Param(int, 4000, **_pos)}),
     "format": RewardSpec(format_reward, params={

@@ -3,15 +3,20 @@
 Defences, layered because none is complete on its own:
 - wall-clock limit (parent), CPU / address-space / file-size / open-file / process-count rlimits (child);
 - stdout/stderr go to files capped by RLIMIT_FSIZE (no pipe to drain, no deadlock, bounded disk use);
-- a private temp dir (the "box") as cwd and HOME/TMPDIR, removed afterwards: the only place the program may
-  write, and, with the interpreter's stdlib and the allowed packages (numpy), the only place it may read;
+- a private temp dir (the "box") as cwd and HOME/TMPDIR: the only place the program may write, and, with the
+  interpreter's stdlib, the allowed packages (numpy) and the library dirs they load from, the only place it may
+  read. Writes have a quota (`max_write_mb`, `max_write_files`): in the jail the box is a size-limited tmpfs of
+  the run's own mount namespace (gone with it); elsewhere the parent measures the box while the program runs
+  and kills it past the quota. Afterwards the box is removed whatever it holds (sandbox_fs.remove_tree);
 - OS-level isolation where the machine allows it, probed once per process (`probe_isolation`, logged at first
   use): as root a fresh network namespace, a mount-namespace "jail" (a private root holding only the readable
   paths, so even a Python under a 0700 /root works after the uid drop) and a drop to an unprivileged uid; Landlock
   (root or not) restricting every file-system access to the same list, denying TCP and scoping signals / abstract
   unix sockets. Each run takes its own uid from `uid_base + k`, reserved host-wide with a flock, so RLIMIT_NPROC
   counts only that run's processes, concurrent sandboxes cannot signal each other, and the final sweep can kill
-  every process of that uid, including ones that left the process group;
+  every process of that uid, including ones that left the process group; wherever the kernel has seccomp (root
+  or not, Landlock or not) a syscall filter (sandbox_seccomp.py): no execve, no new namespaces, no ptrace,
+  io_uring, bpf, mounts, keyrings...;
 - a Python audit hook as a second layer (the only one where the OS offers nothing: then a warning is logged, or,
   with `require_os_isolation`, every run raises `SandboxIsolationError` instead);
 - at the end the whole process group is SIGKILLed (start_new_session + killpg), whatever happened.
@@ -22,30 +27,39 @@ A failure the sandbox itself caused (e.g. a stdlib module it could not give the 
 from __future__ import annotations
 
 import fcntl
-import functools
 import json
 import logging
 import os
 import random
 import secrets
-import shutil
+import select
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass, field
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from . import sandbox_guard
+from . import sandbox_guard, sandbox_seccomp
+from .sandbox_fs import host_paths, remove_tree, tree_usage
+
+__all__ = ["RunResult", "SandboxIsolationError", "SandboxLimits", "host_paths", "probe_isolation", "run_program",
+           "sandbox_limits_from_config"]
 
 logger = logging.getLogger(__name__)
 
 GUARD = str(Path(sandbox_guard.__file__).resolve())
 SANDBOX_GID = 65534  # nogroup
-# Comma-separated layers to leave out (netns, jail, landlock): for testing the fallbacks; never the uid drop.
+# Comma-separated layers to leave out (netns, jail, landlock, seccomp): for testing the fallbacks; never the uid
+# drop.
 DISABLE_ENV = "MIXRL_SANDBOX_DISABLE"
-LAYERS = ("netns", "jail", "landlock")
+LAYERS = ("netns", "jail", "landlock", "seccomp")
+# Held host-wide whatever tempfile.tempdir says later: a run must never share its uid with another's.
+UID_LOCK_DIR = Path(tempfile.gettempdir()) / "mixrl-sandbox-uids"
+QUOTA_POLL_S = 0.2  # how often the parent measures a box that has no tmpfs quota of its own
 
 
 class SandboxIsolationError(RuntimeError):
@@ -62,16 +76,53 @@ class SandboxLimits:
     max_files: int = 64
     netns: bool = True
     uid_base: int = 60000
-    # Refuse to run (SandboxIsolationError) unless file-system AND network isolation hold at the OS level.
+    # Refuse to run (SandboxIsolationError) unless file-system AND network isolation and the seccomp filter hold.
     require_os_isolation: bool = False
     # Third-party packages the program may import (their dirs, and "<name>.libs" next to them, become readable).
     packages: tuple[str, ...] = ("numpy",)
+    # Write quota of one run: bytes on disk and entries (files, dirs...) in its box.
+    max_write_mb: int = 32
+    max_write_files: int = 4096
+
+
+# rewards.code key -> SandboxLimits field, where the names differ.
+CONFIG_KEYS = {"network_namespace": "netns", "sandbox_uid_base": "uid_base"}
+
+
+def sandbox_limits_from_config(cfg: Mapping | None, **overrides) -> SandboxLimits:
+    """The sandbox limits of a `rewards.code`-style mapping (the code reward's params, or the config section
+    itself), then `overrides` (SandboxLimits field names). The one construction for every caller (the code
+    reward, the code_interpreter environment), so a setting like require_os_isolation reaches all of them.
+    Keys that are no sandbox setting (mode, timeout_s, parallel...) are ignored; missing ones keep the default."""
+    names = {f.name for f in fields(SandboxLimits)}
+    values = {}
+    for key, value in dict(cfg or {}).items():
+        name = CONFIG_KEYS.get(key, key)
+        if name in names and value is not None:
+            values[name] = value
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise TypeError(f"not a sandbox limit: {unknown}")
+    values.update(overrides)
+    if isinstance(values.get("packages"), str):
+        values["packages"] = (values["packages"],)
+    kinds = {"wall_s": float, "cpu_s": int, "memory_mb": int, "output_bytes": int, "max_procs": int,
+             "max_files": int, "uid_base": int, "max_write_mb": int, "max_write_files": int}
+    for name, kind in kinds.items():
+        if name in values:
+            values[name] = kind(values[name])
+    for name in ("netns", "require_os_isolation"):
+        if name in values:
+            values[name] = bool(values[name])
+    if "packages" in values:
+        values["packages"] = tuple(str(p) for p in values["packages"])
+    return SandboxLimits(**values)
 
 
 @dataclass
 class RunResult:
-    # ok | runtime_error | timeout | cpu_limit | memory | output_limit | forbidden | killed | setup_error
-    # | sandbox_error (the sandbox, not the program, made it fail)
+    # ok | runtime_error | timeout | cpu_limit | memory | output_limit | write_limit | forbidden | killed
+    # | setup_error | sandbox_error (the sandbox, not the program, made it fail)
     status: str
     stdout: str = ""
     stderr_tail: str = ""
@@ -85,7 +136,7 @@ class _UidLease:
     """Host-wide exclusive use of one sandbox uid, via flock on a root-only lock file (freed if we die)."""
 
     def __init__(self, uid_base: int):
-        lock_dir = Path(tempfile.gettempdir()) / "mixrl-sandbox-uids"
+        lock_dir = UID_LOCK_DIR
         lock_dir.mkdir(mode=0o700, exist_ok=True)
         span = 4096
         start = random.randrange(span)
@@ -133,63 +184,6 @@ def kill_uid_processes(uid: int) -> int:
     return found
 
 
-# ----------------------------------------------------------------------------------------- what may be read
-def _under(path: str, roots) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
-
-
-@functools.cache
-def host_paths(packages: tuple[str, ...] = ("numpy",)) -> dict:
-    """The paths a sandboxed program may read, as this interpreter names them (plus their real paths):
-    stdlib: the interpreter's stdlib dir(s) (lib-dynload included); hide: site-/dist-packages inside them (may
-    hold anything, this project included); pkg: the allowed packages' dirs (and "<name>.libs"); list: the
-    site-packages dirs (listing only, for the import system); ro: stdlib + system library dirs + a few files
-    (ld.so.cache, localtime, zoneinfo, CPU topology); dev: device nodes."""
-    import importlib.util
-    import sysconfig
-
-    def both(path):
-        out = [os.path.normpath(path)]
-        real = os.path.realpath(path)
-        if real != out[0]:
-            out.append(real)
-        return out
-
-    stdlib = os.path.dirname(os.__file__)
-    stdlib_dirs = both(stdlib)
-    for entry in sys.path:
-        if entry.endswith("lib-dynload") and os.path.isdir(entry) and not _under(entry, stdlib_dirs):
-            stdlib_dirs += both(entry)
-    hide = [os.path.join(d, n) for d in stdlib_dirs for n in ("site-packages", "dist-packages")
-            if os.path.isdir(os.path.join(d, n))]
-    pkg: list[str] = []
-    for name in packages:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None:
-            continue
-        locations = list(spec.submodule_search_locations or []) or ([spec.origin] if spec.origin else [])
-        for loc in locations:
-            pkg += both(loc)
-            libs = os.path.join(os.path.dirname(loc), os.path.basename(loc) + ".libs")
-            if os.path.isdir(libs):
-                pkg += both(libs)
-    listing = set()
-    for key in ("purelib", "platlib"):
-        listing.update(both(sysconfig.get_paths()[key]))
-    listing.update(os.path.normpath(e) for e in sys.path if e.endswith(("site-packages", "dist-packages")))
-    syslibs = [p for d in ("/lib", "/lib64", "/lib32", "/libx32", "/usr/lib", "/usr/lib64", "/usr/lib32",
-                           "/usr/libx32") if os.path.isdir(d) for p in both(d)]
-    misc = [p for d in ("/etc/ld.so.cache", "/etc/localtime", "/usr/share/zoneinfo", "/sys/devices/system/cpu")
-            if os.path.exists(d) for p in both(d)]
-    ro = list(dict.fromkeys(stdlib_dirs + syslibs + misc))
-    dev = [d for d in ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random") if os.path.exists(d)]
-    return {"stdlib": stdlib_dirs, "hide": hide, "pkg": list(dict.fromkeys(pkg)), "list": sorted(listing),
-            "ro": ro, "dev": dev}
-
-
 def _disabled_layers() -> tuple[str, ...]:
     raw = os.environ.get(DISABLE_ENV, "")
     return tuple(sorted({p.strip() for p in raw.split(",") if p.strip() in LAYERS}))
@@ -227,11 +221,14 @@ def tcp():
         s.close()
 def mem():
     open("/proc/self/mem", "rb").close()
+def execve():  # a path that does not exist: ENOENT unless the seccomp filter answers first
+    os.execv("/nonexistent/mixrl-probe", ["probe"])
 r["read_outside"] = attempt(read_outside)
 r["dirfd_create_outside"] = attempt(dirfd_create)
 r["read_stdlib"] = attempt(read_stdlib)
 r["tcp_connect"] = attempt(tcp)
 r["proc_self_mem"] = attempt(mem)
+r["execve"] = attempt(execve)
 print(json.dumps(r))
 """
 
@@ -242,8 +239,9 @@ _warned: set[str] = set()
 
 def probe_isolation(limits: SandboxLimits | None = None, refresh: bool = False) -> dict:
     """What isolation the sandbox gets on this machine, found by actually running a probe program in it
-    (cached per process). Keys: os_level (file-system AND network isolated at the OS level), fs_isolated,
-    net_isolated, layers (the guard's report: uid_drop, netns, jail, proc, landlock ABI, interp_ok, errors),
+    (cached per process). Keys: os_level (file-system AND network isolated at the OS level, and the seccomp
+    filter on), fs_isolated, net_isolated, seccomp, layers (the guard's report: uid_drop, netns, jail, proc,
+    landlock ABI, seccomp (denied syscalls), box_tmpfs, interp_ok, errors),
     checks (what the probe could do from inside: "allowed" or the errno name), description (one line)."""
     limits = limits or SandboxLimits()
     key = (limits.uid_base, limits.netns, limits.packages, _disabled_layers())
@@ -254,8 +252,8 @@ def probe_isolation(limits: SandboxLimits | None = None, refresh: bool = False) 
 
 
 def _run_probe(limits: SandboxLimits) -> dict:
-    info = {"os_level": False, "fs_isolated": False, "net_isolated": False, "layers": {}, "checks": {},
-            "disabled": list(_disabled_layers())}
+    info = {"os_level": False, "fs_isolated": False, "net_isolated": False, "seccomp": False, "layers": {},
+            "checks": {}, "disabled": list(_disabled_layers())}
     canary_dir = Path(tempfile.mkdtemp(prefix="mixrl-probe-"))
     try:
         os.chmod(canary_dir, 0o1777)  # world-writable like /tmp: only OS-level confinement keeps it out
@@ -276,14 +274,15 @@ def _run_probe(limits: SandboxLimits) -> dict:
                                    and not escaped and bool(res.isolation.get("jail") or res.isolation.get("landlock")))
             info["net_isolated"] = checks["tcp_connect"] not in ("allowed", "ECONNREFUSED", "ETIMEDOUT")
             info["interp_ok"] = checks["read_stdlib"] == "allowed"
+            info["seccomp"] = bool(res.isolation.get("seccomp")) and checks["execve"] == "EPERM"
         else:
             info["error"] = f"probe run failed: {res.status}: {res.detail or res.stderr_tail[-300:]}"
         root_ok = res.isolation.get("uid_drop", False) or not res.isolation.get("root", os.geteuid() == 0)
-        info["os_level"] = bool(info["fs_isolated"] and info["net_isolated"] and root_ok)
+        info["os_level"] = bool(info["fs_isolated"] and info["net_isolated"] and info["seccomp"] and root_ok)
     except Exception as exc:  # noqa: BLE001 - a probe failure means "no verified isolation", never a crash
         info["error"] = f"{type(exc).__name__}: {exc}"[:300]
     finally:
-        shutil.rmtree(canary_dir, ignore_errors=True)
+        remove_tree(str(canary_dir))
     info["description"] = describe_isolation(info)
     return info
 
@@ -303,6 +302,11 @@ def describe_isolation(info: dict) -> str:
         abi = lay["landlock"]
         extra = (", TCP denied" if abi >= 4 else "") + (", signals/abstract sockets scoped" if abi >= 6 else "")
         parts.append(f"Landlock ABI {abi} (file-system allowlist{extra})")
+    if lay.get("seccomp"):
+        parts.append(f"seccomp filter ({lay['seccomp']} syscalls denied: execve, namespaces, ptrace, io_uring, "
+                     "bpf, mounts, keyrings...)")
+    if lay.get("box_tmpfs"):
+        parts.append("write quota (box on a size-limited tmpfs)")
     errors = lay.get("errors") or {}
     missing = [f"{k}: {v}" for k, v in errors.items()]
     if info.get("disabled"):
@@ -313,7 +317,8 @@ def describe_isolation(info: dict) -> str:
     else:
         head = ("code sandbox: NO complete OS-level isolation (file system "
                 + ("ok" if info.get("fs_isolated") else "NOT isolated") + ", network "
-                + ("ok" if info.get("net_isolated") else "NOT isolated")
+                + ("ok" if info.get("net_isolated") else "NOT isolated") + ", syscall filter "
+                + ("ok" if info.get("seccomp") else "MISSING")
                 + "); falling back to the Python-level audit hook for the rest")
     text = f"{head} [{'; '.join(parts) or 'no OS layer'}] + rlimits + Python audit hook"
     if info.get("interp_ok") is False or lay.get("interp_ok") is False:
@@ -349,16 +354,25 @@ def _missing_module(err: str) -> str | None:
     return None
 
 
-def _classify(res: RunResult, rc: int | None, timed_out: bool, out_size: int, limits: SandboxLimits) -> None:
+NO_SPACE = ("No space left on device", "Disk quota exceeded")  # ENOSPC (the tmpfs quota), EDQUOT
+
+
+def _classify(res: RunResult, rc: int | None, timed_out: bool, out_size: int, limits: SandboxLimits,
+              over_quota: bool = False) -> None:
     err = res.stderr_tail
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    if timed_out:
+    quota = f"write quota {limits.max_write_mb} MB / {limits.max_write_files} files"
+    if over_quota:  # measured by the parent: it killed the run, or found the box over quota afterwards
+        res.status, res.detail = "write_limit", quota
+    elif timed_out:
         res.status, res.detail = "timeout", f"wall-clock limit {limits.wall_s:g}s"
     elif rc == sandbox_guard.VIOLATION_EXIT and sandbox_guard.MARKER in err:
         res.status = "forbidden"
         res.detail = err.split(sandbox_guard.MARKER, 1)[1].strip().splitlines()[0][:200]
     elif rc == sandbox_guard.SETUP_ERROR_EXIT:
         res.status, res.detail = "setup_error", err.strip()[-300:]
+    elif rc != 0 and lines and any(m in lines[-1] for m in NO_SPACE):
+        res.status, res.detail = "write_limit", f"{quota} ({lines[-1][:150]})"
     elif rc == -signal.SIGXCPU:
         res.status, res.detail = "cpu_limit", f"CPU limit {limits.cpu_s}s"
     elif out_size > limits.output_bytes or rc == -signal.SIGXFSZ or "File too large" in err:
@@ -456,9 +470,12 @@ def _execute(program: str, limits: SandboxLimits, stdin: str, asserts: list[str]
             "fsize_bytes": int(limits.output_bytes) + 1,
             "max_files": int(limits.max_files),
             "max_procs": int(limits.max_procs),
+            "max_write_mb": int(limits.max_write_mb),
+            "max_write_files": int(limits.max_write_files),
             "netns": bool(limits.netns),
             "require": bool(limits.require_os_isolation),
             "disable": list(_disabled_layers()),
+            "seccomp": _seccomp_spec(),
             "packages": list(limits.packages),
             "paths": host_paths(tuple(limits.packages)),
         }
@@ -470,15 +487,13 @@ def _execute(program: str, limits: SandboxLimits, stdin: str, asserts: list[str]
         with open(work / "stdin", "rb") as fin, open(work / "stdout", "w+b") as fout, \
                 open(work / "stderr", "w+b") as ferr, open(result_fd, "r+b", closefd=True) as fres:
             spec["result_fd"] = result_fd
-            timed_out = False
+            timed_out = over_quota = False
             try:
                 proc = subprocess.Popen(
                     [sys.executable, "-I", GUARD, json.dumps(spec)], stdin=fin, stdout=fout, stderr=ferr,
                     cwd=box, env=env, start_new_session=True, pass_fds=(result_fd,), close_fds=True,
                 )
-                proc.wait(timeout=limits.wall_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                timed_out, over_quota = _wait(proc, box, limits)
             finally:
                 if proc is not None:
                     _kill_group(proc)
@@ -505,13 +520,60 @@ def _execute(program: str, limits: SandboxLimits, stdin: str, asserts: list[str]
                 res.passed.add(k)
         if res.exit_code == sandbox_guard.ISOLATION_EXIT:
             raise SandboxIsolationError(f"code sandbox refused to run: {stderr_tail.strip()[-500:]}")
-        _classify(res, res.exit_code, timed_out, out_size, limits)
+        files, used = remove_tree(str(box))  # no process of the run is left to write: this count is final
+        over_quota = over_quota or _over(files, used, limits)
+        _classify(res, res.exit_code, timed_out, out_size, limits, over_quota)
         return res
     finally:
+        remove_tree(str(box))
+        remove_tree(str(work))
         if lease is not None:
             lease.release()
-        shutil.rmtree(box, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
+
+
+def _seccomp_spec() -> dict:
+    prog = sandbox_seccomp.host_filter()
+    if prog is None:
+        return {"error": f"no seccomp syscall table for {os.uname().machine}"}
+    return {"filter": prog.hex(), "denied": len(sandbox_seccomp.denied_numbers(sandbox_seccomp.host_arch()))}
+
+
+def _over(files: int, used: int, limits: SandboxLimits) -> bool:
+    return files > limits.max_write_files or used > limits.max_write_mb * (1 << 20)
+
+
+def _wait(proc: subprocess.Popen, box: Path, limits: SandboxLimits) -> tuple[bool, bool]:
+    """Wait for the run to end: (timed out, over the write quota). A box on the host disk (no tmpfs of its own:
+    no jail, or not root) is measured every QUOTA_POLL_S, so a program cannot fill the disk until its time is up.
+    The end is seen through a pidfd the moment it comes (Popen.wait with a timeout polls, up to 50 ms late)."""
+    deadline = time.monotonic() + limits.wall_s
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+        ended = select.poll()  # not select(): a worker may hold descriptors past FD_SETSIZE
+        ended.register(pidfd, select.POLLIN)
+    except (AttributeError, OSError):  # Python < 3.9, Linux < 5.3
+        pidfd = None
+    try:
+        while True:
+            wait_s = max(0.0, min(QUOTA_POLL_S, deadline - time.monotonic()))
+            if pidfd is not None:
+                if ended.poll(wait_s * 1000):
+                    proc.wait()
+                    return False, False
+            else:
+                try:
+                    proc.wait(timeout=wait_s)
+                    return False, False
+                except subprocess.TimeoutExpired:
+                    pass
+            if time.monotonic() >= deadline:
+                return True, False
+            files, used = tree_usage(str(box), limits.max_write_files, limits.max_write_mb * (1 << 20))
+            if _over(files, used, limits):
+                return False, True
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

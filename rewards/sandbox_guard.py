@@ -9,18 +9,21 @@ sandbox could touch. Order matters:
   2. OS-level isolation, each layer best effort and reported (see `rewards.sandbox` for the parent side):
      a. (root) a fresh network namespace: no interfaces but a down loopback, so no network at all;
      b. (root) a fresh mount namespace with a private root ("jail"): a tmpfs holding read-only bind mounts of
-        the interpreter's stdlib, the allowed third-party packages (numpy), the system library dirs, a few
-        /etc and /dev files, a /proc of our own (hidepid) and the box (read-write), each at its usual path; then
-        pivot_root into it. Nothing else of the host (home, project data, /tmp) exists for the program. The
-        mount points are created on the tmpfs, so a Python installed under a 0700 /root is readable by the
-        sandbox uid without opening /root;
+        the interpreter's stdlib, the allowed third-party packages (numpy), the library dirs they load from, a
+        few /etc and /dev files, a /proc of our own (hidepid) and the box (read-write: a size-limited tmpfs of
+        its own, the write quota, holding a copy of the program), each at its usual path; then pivot_root into
+        it. Nothing else of the host (home, project data, /tmp) exists for the program. The mount points are
+        created on the tmpfs, so a Python installed under a 0700 /root is readable by the sandbox uid without
+        opening /root;
      c. Landlock (Linux >= 5.13, via raw syscalls): read-only access to the same list, read-write to the box
         only, no execve at all; ABI >= 4: no TCP bind/connect; ABI >= 6: no signals to, and no abstract unix
         sockets of, processes outside the sandbox. Applies to every way of reaching the file system (dir_fd,
         openat, O_PATH, ...), not only to the paths Python's audit hook sees;
   3. resource limits: CPU, address space, file size, open files, processes, no core dumps;
   4. (root) drop to the run's own sandbox uid/gid (RLIMIT_NPROC then applies; the process becomes
-     non-dumpable, so its /proc/self/mem, environ and fd/ are root-only), PR_SET_NO_NEW_PRIVS, Landlock on;
+     non-dumpable, so its /proc/self/mem, environ and fd/ are root-only), PR_SET_NO_NEW_PRIVS, Landlock on,
+     then (root or not, Landlock or not) the seccomp filter of sandbox_seccomp.py: no execve/execveat, no new
+     namespaces, no ptrace, io_uring, bpf, mounts, keyrings... (that module's docstring has the list);
   5. a Python audit hook as a second layer (the only one where no OS layer is available): no sockets but
      AF_UNIX ones, no connect/bind/sendto at all, no process creation, no signals, no ctypes, no
      sub-interpreters / test C-API modules, writes only inside the box, reads only of the allowed list
@@ -397,7 +400,8 @@ def main():
     is_root = os.geteuid() == 0
     disabled = set(spec.get("disable", ()))
     rep = {"root": is_root, "uid_drop": False, "netns": False, "jail": False, "proc": False, "landlock": 0,
-           "landlock_abi": 0, "interp_ok": None, "errors": {}, "ms": {}}
+           "landlock_abi": 0, "seccomp": 0, "box_tmpfs": False, "interp_ok": None,
+           "errors": {}, "ms": {}}
     clock = time.perf_counter
     t0 = clock()
 
@@ -438,7 +442,7 @@ def main():
             if os.getuid() == 0 or os.geteuid() == 0:
                 raise RuntimeError("could not drop root")
             rep["uid_drop"] = True
-        osl.restrict(sc, ll_fd, rep)
+        osl.restrict(sc, ll_fd, rep, None if "seccomp" in disabled else spec.get("seccomp"))
     except Exception as exc:  # noqa: BLE001
         os.write(2, f"sandbox setup failed: {exc}".encode())
         os._exit(SETUP_ERROR_EXIT)
@@ -454,9 +458,10 @@ def main():
     os_net = bool(rep["netns"] or rep["landlock"] >= 4)
     header = json.dumps(rep).encode()[:HEADER_BYTES - 1] + b"\n"
     os.pwrite(result_fd, header, 0)
-    if spec.get("require") and not (os_fs and os_net and (rep["uid_drop"] or not is_root)):
+    if spec.get("require") and not (os_fs and os_net and rep["seccomp"] and (rep["uid_drop"] or not is_root)):
         missing = [k for k, ok in (("file-system isolation (jail or Landlock)", os_fs),
-                                   ("network isolation (netns or Landlock ABI >= 4)", os_net)) if not ok]
+                                   ("network isolation (netns or Landlock ABI >= 4)", os_net),
+                                   ("the seccomp syscall filter", rep["seccomp"])) if not ok]
         os.write(2, f"sandbox isolation required but unavailable: {', '.join(missing)}; "
                     f"errors: {json.dumps(rep['errors'])}\n".encode())
         os._exit(ISOLATION_EXIT)

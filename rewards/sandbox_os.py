@@ -1,11 +1,13 @@
 """The OS-level layers of the code sandbox (see sandbox_guard.py, step 2): a network namespace, a private
-mount-namespace root ("jail") and Landlock rules, set up by the guard while it is still root, through the few
-syscalls Python does not wrap. Loaded by the guard by path (standalone: only the stdlib). Each layer is best effort
-and reported in `rep`; what could not be set up is left to the others and to the Python audit hook.
+mount-namespace root ("jail") whose box is a size-limited tmpfs (the write quota), Landlock rules and the seccomp
+filter (sandbox_seccomp.py), set up by the guard while it is still root, through the few syscalls Python does
+not wrap. Loaded by the guard by path (standalone: only the stdlib). Each layer is best effort and reported in
+`rep`; what could not be set up is left to the others and to the Python audit hook.
 """
 
 import os
 import stat
+import struct
 import time
 import types
 
@@ -55,13 +57,22 @@ class Sys:
     def prctl(self, option, arg2=0):
         self._check(self.libc.prctl(option, arg2, 0, 0, 0), f"prctl {option}")
 
+    def seccomp(self, prog):
+        """Enforce the classic-BPF program `prog` (packed sock_filters) on this thread and whatever it starts."""
+        ct = self.ct
+        insns = ct.create_string_buffer(prog, len(prog))
+        # struct sock_fprog { unsigned short len; struct sock_filter *filter; } on LP64 (the arches with a table)
+        fprog = ct.create_string_buffer(struct.pack("=H6xQ", len(prog) // 8, ct.addressof(insns)), 16)
+        self._check(self.libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ct.addressof(fprog), 0, 0),
+                    "prctl(PR_SET_SECCOMP)")
+
 
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_KEEP = 8 | 1024 | 2048 | 4096  # noexec, noatime, nodiratime, relatime: kept from the source on remount
 MNT_DETACH = 2
-PR_SET_NO_NEW_PRIVS = 38
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 
 # Landlock access rights (include/uapi/linux/landlock.h).
 LL_EXECUTE, LL_WRITE_FILE, LL_READ_FILE, LL_READ_DIR = 1, 2, 4, 8
@@ -172,7 +183,32 @@ def _bind(sc, src, dst, readonly, extra=0):
             raise
 
 
-def build_jail(sc, spec, paths):
+def _box_tmpfs(sc, spec, dst):
+    """The box as a tmpfs of this mount namespace, holding a copy of what the parent put in the box (the
+    program): its size and inode count are the run's write quota, and it vanishes with the namespace, whatever
+    the program built in it."""
+    opts = (f"size={int(spec['max_write_mb'])}m,nr_inodes={int(spec['max_write_files']) + 1},mode=700,"
+            f"uid={int(spec['uid'])},gid={int(spec['gid'])}")
+    sc.mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts)
+    try:
+        with os.scandir(spec["root"]) as entries:
+            for entry in entries:
+                if entry.is_file(follow_symlinks=False):
+                    with open(entry.path, "rb") as src:
+                        data = src.read()
+                    fd = os.open(os.path.join(dst, entry.name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                                 0o644)
+                    try:
+                        os.write(fd, data)
+                        os.fchown(fd, int(spec["uid"]), int(spec["gid"]))
+                    finally:
+                        os.close(fd)
+    except BaseException:
+        sc.umount2(dst, MNT_DETACH)
+        raise
+
+
+def build_jail(sc, spec, paths, rep):
     """Enter a private root holding only what the program may see (see the module docstring, step 2b)."""
     jail = spec["jail_dir"]
     box = spec["root"]
@@ -202,9 +238,14 @@ def build_jail(sc, spec, paths):
         _bind(sc, real, dst, readonly=True)
     for dst in hidden:
         sc.mount(None, dst, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=755")
-    # The box, read-write (no exec, no devices, no setuid).
+    # The box, read-write (no exec, no devices, no setuid); the host dir itself only where no tmpfs could be had.
     _mkdirs(jail + box)
-    _bind(sc, box, jail + box, readonly=False, extra=MS_NODEV | MS_NOEXEC)
+    try:
+        _box_tmpfs(sc, spec, jail + box)
+        rep["box_tmpfs"] = True
+    except Exception as exc:  # noqa: BLE001 - the parent's measurements are the quota then
+        rep["errors"]["box_tmpfs"] = f"{type(exc).__name__}: {exc}"[:200]
+        _bind(sc, box, jail + box, readonly=False, extra=MS_NODEV | MS_NOEXEC)
     for dev in paths["dev"]:
         if os.path.exists(dev):
             _touch(jail + dev)
@@ -303,7 +344,7 @@ def isolate(spec, paths, rep, disabled, is_root, lap):
     t = lap("netns", t)
     if sc is not None and is_root and "jail" not in disabled:
         try:
-            rep["proc"] = build_jail(sc, spec, paths)
+            rep["proc"] = build_jail(sc, spec, paths, rep)
             rep["jail"] = True
         except Exception as exc:  # noqa: BLE001 - best effort; Landlock and the hook still apply
             rep["errors"]["jail"] = f"{type(exc).__name__}: {exc}"[:200]
@@ -327,14 +368,28 @@ def isolate(spec, paths, rep, disabled, is_root, lap):
     return sc, ll_fd
 
 
-def restrict(sc, ll_fd, rep):
-    """Enforce the Landlock ruleset on this process (after the uid drop): no new privileges, then restrict_self."""
-    if ll_fd is None:
+def restrict(sc, ll_fd, rep, seccomp=None):
+    """After the uid drop: no new privileges, the Landlock ruleset, then the seccomp filter (last: from then on
+    no new namespace, no exec). `seccomp`: the spec's {"filter": hex, "denied": n} or {"error": why}; None when
+    the layer is disabled."""
+    if sc is None:
         return
     try:
         sc.prctl(PR_SET_NO_NEW_PRIVS, 1)
-        sc.syscall(Sys.LANDLOCK_RESTRICT_SELF, ll_fd, 0, what="landlock_restrict_self")
-        rep["landlock"] = rep["landlock_abi"]
-    except OSError as exc:
-        rep["errors"]["landlock"] = str(exc)[:200]
-    os.close(ll_fd)
+    except OSError as exc:  # then neither Landlock nor seccomp can be enforced by an unprivileged process
+        rep["errors"]["no_new_privs"] = str(exc)[:200]
+    if ll_fd is not None:
+        try:
+            sc.syscall(Sys.LANDLOCK_RESTRICT_SELF, ll_fd, 0, what="landlock_restrict_self")
+            rep["landlock"] = rep["landlock_abi"]
+        except OSError as exc:
+            rep["errors"]["landlock"] = str(exc)[:200]
+        os.close(ll_fd)
+    if seccomp is not None:
+        try:
+            if "error" in seccomp:
+                raise OSError(95, seccomp["error"])
+            sc.seccomp(bytes.fromhex(seccomp["filter"]))
+            rep["seccomp"] = int(seccomp["denied"])
+        except OSError as exc:
+            rep["errors"]["seccomp"] = str(exc)[:200]

@@ -11,6 +11,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from rl.config import trains_on_dataset
 from rl.trajectory import Trajectory
 
 T = TypeVar("T")
@@ -73,10 +74,17 @@ def micro_batch_count(trajs: list[Trajectory], max_tokens: int, layout: str) -> 
     return max(len(trajs), 1)
 
 
+def step_samples(cfg: Mapping) -> int:
+    """Samples of one step: data.prompts_per_step x rollout.n_samples from rollouts, algorithm.samples_per_step rows
+    from a dataset (SFT)."""
+    if trains_on_dataset(cfg):
+        return int(cfg["algorithm"]["samples_per_step"])
+    return int(cfg["data"]["prompts_per_step"]) * int(cfg["rollout"]["n_samples"])
+
+
 def per_rank_samples(cfg: Mapping, world_size: int) -> int:
     """A rank's share of one mini-batch, in samples."""
-    samples = int(cfg["data"]["prompts_per_step"]) * int(cfg["rollout"]["n_samples"])
-    return max(1, samples // int(cfg["trainer"]["mini_batches"]) // world_size)
+    return max(1, step_samples(cfg) // int(cfg["trainer"]["mini_batches"]) // world_size)
 
 
 def micro_batches_per_minibatch(cfg: Mapping, world_size: int) -> int:

@@ -75,22 +75,38 @@ def validate_domains(domains: Any) -> None:
         raise ConfigError("domains.<d>.weight: every domain has weight 0 (switched off); give at least one a weight > 0")
 
 
-def _validate_dataset(ds: Any, path: str) -> None:
+def _validate_dataset(ds: Any, path: str, required: str = "prompt") -> None:
     if not isinstance(ds, Mapping) or not ds.get("path"):
         raise ConfigError(f"{path}.path is required (a local file/dir, bundled:<file>, or a hub name)")
     unknown = set(ds) - DATASET_KEYS
     if unknown:
         raise ConfigError(f"{path}.{sorted(unknown)[0]}: unknown key; allowed: {sorted(DATASET_KEYS)}")
     cols = ds.get("columns") or {}
-    if not isinstance(cols, Mapping) or "prompt" not in cols:
-        raise ConfigError(f"{path}.columns must map at least `prompt` to a dataset column")
+    if not isinstance(cols, Mapping) or required not in cols:
+        raise ConfigError(f"{path}.columns must map at least `{required}` to a dataset column")
+
+
+def trains_on_dataset(cfg: Mapping) -> bool:
+    """The steps' samples come from a dataset (`algorithm.dataset`: SFT), not from rollouts of the prompt mixture."""
+    return (cfg.get("algorithm") or {}).get("dataset") is not None
+
+
+def validate_sft(a: Mapping) -> None:
+    """`algorithm=sft` (conf/algorithm/sft.yaml): the dataset of chat rows and the step's size."""
+    check_number(a, "samples_per_step", "algorithm", lo=1, integer=True)
+    check_number(a, "max_tokens", "algorithm", lo=2, integer=True)
+    _validate_dataset(a["dataset"], "algorithm.dataset", required="messages")
+    if a.get("chat_template_kwargs") is not None and not isinstance(a["chat_template_kwargs"], Mapping):
+        raise ConfigError("algorithm.chat_template_kwargs must be a mapping (e.g. {enable_thinking: true})")
 
 
 def validate(cfg: Mapping) -> None:
     """Raise ConfigError for the first problem found."""
-    validate_domains(cfg.get("domains"))
+    dataset = trains_on_dataset(cfg)  # SFT: no domains, rollouts or GRPO keys
+    if not dataset:
+        validate_domains(cfg.get("domains"))
     r, t, a, data = cfg["rollout"], cfg["trainer"], cfg["algorithm"], cfg["data"]
-    if check_number(r, "n_samples", "rollout", lo=1, integer=True) < 2:
+    if check_number(r, "n_samples", "rollout", lo=1, integer=True) < 2 and not dataset:
         raise ConfigError("rollout.n_samples must be >= 2 for GRPO: the advantage is a sample's reward minus its "
                           "group's mean, so a group of one sample always has advantage 0 and nothing is learned")
     check_choice(r, "engine", "rollout", ENGINES)
@@ -113,6 +129,7 @@ def validate(cfg: Mapping) -> None:
     check_number(t, "keep_checkpoints", "trainer", lo=0, integer=True)
     check_number(t, "warmup_steps", "trainer", lo=0, integer=True)
     check_number(t, "logprob_chunk_size", "trainer", lo=1, integer=True)
+    check_number(t, "micro_batch_tokens", "trainer", lo=1, integer=True, optional=True)
     if t.get("micro_batch_memory") is not None:
         check_number(t, "micro_batch_memory", "trainer", lo=0, lo_open=True, hi=1)
     if t.get("profile_step") is not None:
@@ -132,23 +149,29 @@ def validate(cfg: Mapping) -> None:
                               "gather its parameters, and each hook inside a compiled layer breaks its graph")
     if "logprob_head" in t:
         check_choice(t, "logprob_head", "trainer", {"support", "dense"})
-    check_number(a, "clip_eps_low", "algorithm", lo=0, hi=1)
-    check_number(a, "clip_eps_high", "algorithm", lo=0)
-    check_choice(a, "loss_aggregation", "algorithm", set(AGGREGATIONS))
-    if "old_logprobs" in a:
-        check_choice(a, "old_logprobs", "algorithm", {"inference", "trainer"})
-    check_number(a, "tis_cap", "algorithm", lo=1, optional=True)
+    if dataset:
+        validate_sft(a)
+    else:
+        check_number(a, "clip_eps_low", "algorithm", lo=0, hi=1)
+        check_number(a, "clip_eps_high", "algorithm", lo=0)
+        check_choice(a, "loss_aggregation", "algorithm", set(AGGREGATIONS))
+        if "old_logprobs" in a:
+            check_choice(a, "old_logprobs", "algorithm", {"inference", "trainer"})
+        check_number(a, "tis_cap", "algorithm", lo=1, optional=True)
     for key in ("keep_sampling_mask", "keep_routing"):
         check_choice(a, key, "algorithm", AUTO_BOOL)
+    for key in ("max_kb_per_sample", "max_mb_per_worker"):
+        check_number((cfg.get("rewards") or {}).get("output") or {}, key, "rewards.output", lo=0, optional=True)
     check_choice(cfg["logger"], "mode", "logger", LOGGER_MODES)
     if "worker_logs" in cfg["logger"]:
         check_choice(cfg["logger"], "worker_logs", "logger", {"file", "console"})
     validate_eval(cfg.get("eval") or {})
-    samples = data["prompts_per_step"] * r["n_samples"]
+    samples = a["samples_per_step"] if dataset else data["prompts_per_step"] * r["n_samples"]
+    where = "algorithm.samples_per_step" if dataset else "data.prompts_per_step * rollout.n_samples"
     shards = t["mini_batches"] * t["num_processes"]
     if samples % shards:
         raise ConfigError(
-            f"trainer.mini_batches: data.prompts_per_step * rollout.n_samples = {samples} samples per step must "
+            f"trainer.mini_batches: {where} = {samples} samples per step must "
             f"split evenly into trainer.mini_batches * trainer.num_processes = {shards} shards"
         )
 
@@ -166,7 +189,10 @@ def validate_eval(e: Mapping) -> None:
 
 
 def needs_reference(cfg: Mapping) -> bool:
-    """Some domain has kl_coef > 0 (else the reference model is never started)."""
+    """Some domain has kl_coef > 0 (else the reference model is never started); never when the samples come from a
+    dataset (SFT has no reference)."""
+    if trains_on_dataset(cfg):
+        return False
     return any(float(d["kl_coef"]) > 0 for d in (cfg.get("domains") or {}).values())
 
 

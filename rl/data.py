@@ -46,12 +46,12 @@ def _check_text_file(path: Path, key: str, builder: str) -> None:
 
 
 def load_domain_rows(domain: str, ds_cfg: Mapping, required: set[str] = frozenset(),
-                     which: str = "dataset") -> list[dict[str, Any]]:
+                     which: str = "dataset", key: str | None = None) -> list[dict[str, Any]]:
     """Load one domain's dataset (`which`: dataset | eval_dataset) as a list of rows in our field names; errors
-    name the config key."""
+    name the config key (`key`: another config key's dataset, e.g. algorithm.dataset)."""
     import datasets
 
-    key = f"domains.{domain}.{which}"
+    key = key or f"domains.{domain}.{which}"
     path = str(ds_cfg["path"])
     split = ds_cfg.get("split") or "train"
     if path.startswith("bundled:"):

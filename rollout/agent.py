@@ -2,10 +2,10 @@
 
 One episode per (task, sample): the first prompt is the task rendered with the environment's tools (the tool-call
 format's `initial_prompt`). Each turn the engine continues the episode's context; the model's ids are appended
-verbatim (never decoded and tokenised again), its text is parsed for tool calls, the calls of every episode run
-concurrently with a per-call deadline, and the tool results are rendered as text (the format escapes special
-tokens), tokenised on their own and appended with loss mask 0. Turns of all live episodes go to the engine in
-one call, so vLLM batches (and prefix-caches) them.
+verbatim (never decoded and tokenised again), its text is parsed for tool calls, the episodes' calls run (episodes
+concurrently; one episode's calls one after another in the order the model wrote them, each with a deadline), and
+the tool results are rendered as text (the format escapes special tokens), tokenised on their own and appended with
+loss mask 0. Turns of all live episodes go to the engine in one call, so vLLM batches (and prefix-caches) them.
 
 Stitched into one `Trajectory` per episode: response = everything after the first prompt; `generated` marks the
 model's tokens; `inference_logprobs` and kept sets come from the engine for generated tokens (0 and an empty kept
@@ -16,6 +16,15 @@ An episode ends when the model submits (the environment's final tool), answers w
 `require_submit`, which instead tells it to use its tools, as a tool error), reaches `max_turns`, or would pass
 `max_context_tokens` / `max_episode_tokens` (reason `length`: nothing over the window is ever sent to the engine).
 The environment's verifier then scores the final state; its outcome is read by the `env_verifier` reward.
+
+What the model writes and what tools return is untrusted: every text that becomes tokens goes through `safe_text`
+first (a lone surrogate, e.g. from a JSON "\\ud800" in a call's arguments, becomes U+FFFD, as does a NUL). Of several
+submits in one turn the first in the model's order counts, every time: the calls after it are not run (status
+`skipped`), nor those after a call that was stopped at its deadline, which spends the episode's session (a
+pure-Python tool is stopped there; rollout/envs/stoppable.py) and ends the episode, reason `tool_timeout`, scored 0.
+Any exception inside one episode (a tool's session, rendering or tokenising its results, handling the engine's
+output for it, building its record) ends that episode only: reason `error`, scored 0 with the error as the reason
+(`episode.error`, the reward's reason), loss mask 0 on all its tokens; the other episodes and the step go on.
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ class AgentConfig:
     format: str = "auto"  # tool-call format: auto (from the tokenizer) | hermes | dsml
     require_submit: bool = True  # an answer without a tool call is sent back as an error until the model submits
     system_prompt: str | None = None  # added before the environment's description
-    tool_workers: int = 16  # concurrent tool calls per rollout worker
+    tool_workers: int = 16  # episodes whose tool calls run at the same time, per rollout worker
     demo: bool = False  # show one solved episode of another task first (the environment's reference solution)
 
     @classmethod
@@ -86,6 +95,29 @@ class AgentConfig:
         return cls(**values)
 
 
+def safe_text(text) -> str:
+    """`text` as the tokenizer (and a UTF-8 file) takes it: lone surrogates (a JSON "\\ud800", bytes decoded with
+    surrogateescape) become U+FFFD, a surrogate pair held as two code points becomes its character, NULs become
+    U+FFFD; anything not a string is str()-ed. Valid text comes back unchanged; idempotent."""
+    if not isinstance(text, str):
+        text = str(text)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # only surrogates fail: utf-16 joins the pairs and replaces the lone ones
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return safe_text(f"{type(exc).__name__}: {exc}")[:500]
+    except Exception:  # noqa: BLE001 - an exception whose str() raises still has a name
+        return type(exc).__name__
+
+
+NO_TOOL_CALLED = "No tool was called. Use the tools, and call the submit tool with your final result."
+
+
 @dataclass
 class _Episode:
     request: dict
@@ -103,7 +135,8 @@ class _Episode:
     calls: list[dict] = field(default_factory=list)  # {tool, status, seconds}
     turns: int = 0
     kept_set_cut: int = 0
-    reason: str | None = None  # why it ended: submitted | answer | max_turns | length
+    reason: str | None = None  # why it ended: submitted | answer | max_turns | length | tool_timeout | error
+    error: str | None = None  # reason `error`: where and what
     tool_wall_s: float = 0.0
     parsed: object = None  # the last turn, parsed by the tool-call format
     cut_turn: bool = False  # the last turn stopped at max_new_tokens, without its end token
@@ -113,18 +146,32 @@ class _Episode:
         return self.prompt_ids + self.response_ids
 
     def add_generation(self, g) -> None:
+        """Appends one turn; checked first and applied whole, so that an engine output that does not add up fails
+        the episode with its token arrays still aligned."""
         ids = [int(t) for t in g.response_ids]
+        logprobs = [float(x) for x in g.inference_logprobs]
+        loss = list(g.loss_mask) if g.loss_mask is not None else [1.0] * len(ids)
+        if len(logprobs) != len(ids) or len(loss) != len(ids):
+            raise ValueError(f"the engine returned {len(ids)} tokens with {len(logprobs)} logprobs and {len(loss)} "
+                             "loss-mask values")
+        kept = None
+        if g.kept_offsets is not None:
+            if len(g.kept_offsets) != len(ids) + 1:
+                raise ValueError(f"the engine returned {len(g.kept_offsets)} kept-set offsets for {len(ids)} tokens")
+            kept = [g.kept_ids[g.kept_offsets[j] : g.kept_offsets[j + 1]] for j in range(len(ids))]
+        routes = self.routes
+        if g.routed_experts is not None:  # rows of this call's context + generation; keep what earlier turns had
+            routes = g.routed_experts if routes is None else np.concatenate(
+                [routes, g.routed_experts[len(routes):]], axis=0)
+        if kept is not None:
+            earlier = self.kept if self.kept is not None else [np.zeros(0, np.int32)] * len(self.response_ids)
+            self.kept = earlier + kept
         self.response_ids += ids
         self.generated += [True] * len(ids)
-        self.logprobs += [float(x) for x in g.inference_logprobs]
-        self.loss += list(g.loss_mask) if g.loss_mask is not None else [1.0] * len(ids)
+        self.logprobs += logprobs
+        self.loss += loss
         self.kept_set_cut += int(g.kept_set_cut)
-        if g.kept_offsets is not None:
-            self.kept = self.kept if self.kept is not None else [np.zeros(0, np.int32)] * (len(self.response_ids) - len(ids))
-            self.kept += [g.kept_ids[g.kept_offsets[j] : g.kept_offsets[j + 1]] for j in range(len(ids))]
-        if g.routed_experts is not None:  # rows of this call's context + generation; keep what earlier turns had
-            self.routes = g.routed_experts if self.routes is None else np.concatenate(
-                [self.routes, g.routed_experts[len(self.routes):]], axis=0)
+        self.routes = routes
         self.turns += 1
 
     def add_tool_tokens(self, ids: list[int]) -> None:
@@ -139,12 +186,15 @@ class _Episode:
 class AgentRunner:
     """Runs episodes of one environment with one engine; owned by a RolloutWorker (one per agent domain)."""
 
-    def __init__(self, engine, tokenizer, cfg: AgentConfig):
+    def __init__(self, engine, tokenizer, cfg: AgentConfig, code_sandbox: Mapping | None = None):
         from rollout.envs.base import load_env
         from rollout.tool_format import tool_format
 
         self.engine, self.tok, self.cfg = engine, tokenizer, cfg
         self.env = load_env(cfg.env)
+        # The run's `rewards.code` section: tools that run code (code_interpreter) build their sandbox from it, so
+        # require_os_isolation, the package allow-list and the write quota hold there as in the code reward.
+        self.env.config["code_sandbox"] = dict(code_sandbox or {})
         self.format = tool_format(cfg.format, tokenizer, thinking=cfg.thinking)
         self.tools = self.env.tool_schemas()
         # A request's sample may be just {id, prompt}: the environment's own task row (with its data) is used then.
@@ -165,7 +215,7 @@ class AgentRunner:
         text = self.format.initial_prompt(messages, self.tools, thinking=self.cfg.thinking)
         if demo is not None:
             text += self._demo_turns(demo) + self.format.user_text(str(sample["prompt"]))
-        return self.tok(text, add_special_tokens=False)["input_ids"]  # our own text, not model output
+        return self._encode(text)  # our own text and the task's, not model output
 
     def _demo_task(self, sample: dict) -> dict:
         """The task shown solved before `sample`: the environment's next task after it by id (the first one after
@@ -192,16 +242,20 @@ class AgentRunner:
                     if name == self.env.submit_tool:
                         break
                     res = session.call(name, dict(args))
-                    text.append(self.format.tool_results_text([(None, self._fit(res.content,
+                    text.append(self.format.tool_results_text([(None, self._fit(safe_text(res.content),
                                                                                  self.cfg.max_tool_output_tokens))]))
             finally:
                 session.close()
             self._demos[key] = "".join(text)
         return self._demos[key]
 
+    def _encode(self, text: str) -> list[int]:
+        """The only way text becomes ids here: made safe for the tokenizer first."""
+        return self.tok(safe_text(text), add_special_tokens=False)["input_ids"]
+
     def _fit(self, text: str, limit: int) -> str:
         """A tool result cut in the middle to `limit` tokens, with a marker saying how much went."""
-        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        ids = self._encode(text)
         if len(ids) <= limit:
             return text
         keep = max(limit - 16, 2)
@@ -221,10 +275,15 @@ class AgentRunner:
                                 "episodes end before the first turn (raise the limit or shorten the task)",
                                 task.get("id"), len(prompt_ids), self.cfg.max_context_tokens)
                 for j in range(sp.n):
-                    # appended before anything else can fail, so that `finally` closes every session opened
-                    episodes.append(_Episode({**req, "task": task}, j, self.env.reset(task), prompt_ids))
+                    ep = _Episode({**req, "task": task}, j, None, prompt_ids)
+                    episodes.append(ep)  # before anything else can fail, so that `finally` closes every session
+                    try:
+                        ep.session = self.env.reset(task)
+                    except Exception as exc:  # noqa: BLE001 - the environment's init_state: this episode fails
+                        self._fail(ep, "reset", exc)
+                        continue
                     if len(prompt_ids) >= self.cfg.max_context_tokens:
-                        episodes[-1].reason = "length"
+                        ep.reason = "length"
             turn = 0
             while True:
                 live = [ep for ep in episodes if ep.reason is None]
@@ -233,10 +292,19 @@ class AgentRunner:
                 self._generate(live, sp, turn)
                 self._act([ep for ep in live if ep.reason is None])
                 turn += 1
-            return [self._trajectory(ep) for ep in episodes]
+            return [self._record(ep) for ep in episodes]
         finally:
             for ep in episodes:
-                ep.session.close()
+                try:
+                    if ep.session is not None:
+                        ep.session.close()
+                except Exception:  # noqa: BLE001 - one environment's clean-up must not leave the others open
+                    log.warning("agent: closing an episode's session failed", exc_info=True)
+
+    def _fail(self, ep: _Episode, where: str, exc: BaseException) -> None:
+        """An error inside one episode ends that episode (see the module docstring), never the step."""
+        ep.reason, ep.error = "error", f"{where}: {_describe(exc)}"
+        log.warning("agent episode %s-%s failed in %s", ep.request.get("group_id"), ep.index, where, exc_info=exc)
 
     def _room(self, ep: _Episode, sp: SamplingParams) -> int:
         return min(sp.max_new_tokens, self.cfg.max_context_tokens - len(ep.context),
@@ -257,70 +325,118 @@ class AgentRunner:
             # ChatML markup: EOS <|endoftext|>, turns end at <|im_end|>)
             tsp = dataclasses.replace(sp, n=1, max_new_tokens=room, seed=seed,
                                       stop_token_ids=sorted({*sp.stop_token_ids, *self.format.stop_ids}))
-            for ep, (g,) in zip(eps, self.engine.generate([ep.context for ep in eps], tsp)):
-                ep.add_generation(g)
-                text = decode_response(self.tok, g.response_ids)
-                ep.texts.append(text)
-                ep.transcript.append(text)
-                ep.cut_turn = g.finish_reason == "length"
-                if ep.cut_turn and room < sp.max_new_tokens:
-                    ep.reason = "length"  # the episode's budget, not the turn's, ran out
-                ep.parsed = self.format.parse(text)
+            for ep, gens in zip(eps, self.engine.generate([ep.context for ep in eps], tsp)):
+                try:
+                    (g,) = gens
+                    ep.add_generation(g)
+                    text = decode_response(self.tok, g.response_ids)
+                    ep.texts.append(text)
+                    ep.transcript.append(text)
+                    ep.cut_turn = g.finish_reason == "length"
+                    if ep.cut_turn and room < sp.max_new_tokens:
+                        ep.reason = "length"  # the episode's budget, not the turn's, ran out
+                    ep.parsed = self.format.parse(text)
+                except Exception as exc:  # noqa: BLE001
+                    self._fail(ep, "model turn", exc)
 
     def _act(self, live: list[_Episode]) -> None:
-        """Run the tool calls of every episode concurrently; append their results, or end the episode."""
+        """Run the tool calls of every episode, episodes concurrently; append their results, or end the episode."""
         jobs = []
         for ep in live:
             parsed = ep.parsed
             if not parsed.tool_calls and not parsed.errors and not self.cfg.require_submit:
                 ep.reason = "answer"
             else:  # also on the last turn: a submit there counts
-                jobs += [(ep, call) for call in parsed.tool_calls]
+                jobs.append(ep)
         t0 = time.perf_counter()
-        futures = {self._pool.submit(ep.session.call, call.name, call.arguments, self.cfg.tool_timeout_s): (ep, call)
-                   for ep, call in jobs}
+        futures = [(ep, self._pool.submit(self._run_calls, ep)) for ep in jobs]
         results: dict[int, list] = {}
-        for fut, (ep, call) in futures.items():
-            res = fut.result()  # Session.call never raises; it bounds its own time
-            ep.calls.append({"tool": call.name, "status": res.status, "seconds": round(res.seconds, 4)})
-            results.setdefault(id(ep), []).append((call, res))
+        for ep, fut in futures:
+            try:
+                results[id(ep)] = fut.result()  # Session.call bounds its own time
+            except Exception as exc:  # noqa: BLE001
+                self._fail(ep, "tool calls", exc)
         wall = time.perf_counter() - t0
-        for ep in live:
+        for ep in jobs:
             if ep.reason is not None:
                 continue
             ep.tool_wall_s += wall
-            done = results.get(id(ep), [])
-            if any(res.final for _, res in done):
-                ep.reason = "submitted"
+            try:
+                self._after_calls(ep, results[id(ep)])
+            except Exception as exc:  # noqa: BLE001
+                self._fail(ep, "tool results", exc)
+
+    def _run_calls(self, ep: _Episode) -> list:
+        """One turn's calls in the model's order, so that its first submit is the one that counts and its state
+        changes happen as written (they serialise on the session anyway); none runs after the call that ended the
+        episode or spent its session."""
+        done = []
+        for call in ep.parsed.tool_calls:
+            label = safe_text(call.name)[:80]  # a metric key and a log field: whatever the model named
+            if done and (done[-1][1].final or ep.session.stopped):
+                ep.calls.append({"tool": label, "status": "skipped", "seconds": 0.0})
                 continue
-            if ep.turns >= self.cfg.max_turns:  # the last turn's results are not shown: no turn follows
-                ep.reason = "max_turns"
-                continue
-            limit = self.cfg.max_tool_output_tokens
-            items = [(call, self._fit(res.content, limit)) for call, res in done]
-            errors = list(ep.parsed.errors)
-            if not done and not errors:  # require_submit: an answer without a tool call
-                errors = ["No tool was called. Use the tools, and call the submit tool with your final result."]
-            # one tool message per turn: the results, then the malformed calls' errors
-            text = self.format.tool_results_text(items + [(None, e) for e in errors]) if items else \
-                self.format.error_text(errors)
-            if ep.cut_turn:  # the turn hit max_new_tokens before its end token: close it first (not trained on)
-                text = self.format.end_token + text
-            ids = self.tok(text, add_special_tokens=False)["input_ids"]
-            if len(ep.context) + len(ids) >= self.cfg.max_context_tokens or \
-                    len(ep.response_ids) + len(ids) >= self.cfg.max_episode_tokens:
-                ep.reason = "length"  # the results would not fit: the episode ends before them
-                continue
-            ep.add_tool_tokens(ids)
-            ep.transcript.append(text)
+            res = ep.session.call(call.name, call.arguments, self.cfg.tool_timeout_s)
+            ep.calls.append({"tool": label, "status": res.status, "seconds": round(res.seconds, 4)})
+            done.append((call, res))
+        return done
+
+    def _after_calls(self, ep: _Episode, done: list) -> None:
+        if any(res.final for _, res in done):
+            ep.reason = "submitted"
+            return
+        if ep.session.stopped:
+            ep.reason = "tool_timeout"
+            return
+        if ep.turns >= self.cfg.max_turns:  # the last turn's results are not shown: no turn follows
+            ep.reason = "max_turns"
+            return
+        text, ids = self._tool_message(ep, done)
+        if len(ep.context) + len(ids) >= self.cfg.max_context_tokens or \
+                len(ep.response_ids) + len(ids) >= self.cfg.max_episode_tokens:
+            ep.reason = "length"  # the results would not fit: the episode ends before them
+            return
+        ep.add_tool_tokens(ids)
+        ep.transcript.append(text)
+
+    def _tool_message(self, ep: _Episode, done: list) -> tuple[str, list[int]]:
+        """The one place where tool results and the environment's messages become tokens: each text made safe for
+        the tokenizer, each result cut to max_tool_output_tokens, all in ONE message of the format (a malformed
+        call's error beside the real results), tokenised."""
+        limit = self.cfg.max_tool_output_tokens
+        items = [(call, self._fit(safe_text(res.content), limit)) for call, res in done]
+        errors = [safe_text(e) for e in ep.parsed.errors]
+        if not done and not errors:  # require_submit: an answer without a tool call
+            errors = [NO_TOOL_CALLED]
+        text = self.format.tool_results_text(items + [(None, e) for e in errors]) if items else \
+            self.format.error_text(errors)
+        if ep.cut_turn:  # the turn hit max_new_tokens before its end token: close it first (not trained on)
+            text = self.format.end_token + text
+        text = safe_text(text)
+        return text, self._encode(text)
 
     # -- the record ----------------------------------------------------------------------------------------
     def _outcome(self, ep: _Episode) -> dict:
+        # a failed or spent episode's state is not worth a verdict (a stopped tool may still be blocked in it)
+        if ep.reason == "error":
+            return {"score": 0.0, "reason": f"the episode failed: {ep.error}"}
+        if ep.reason == "tool_timeout":
+            return {"score": 0.0, "reason": f"tool_timeout: {ep.session.stopped}"}
         try:
             score, reason = self.env.verify(ep.request["task"], ep.session)
-            return {"score": float(score), "reason": reason}
+            return {"score": float(score), "reason": None if reason is None else safe_text(reason)}
         except Exception as exc:  # noqa: BLE001 - a broken verifier fails the reward part, not the run
-            return {"score": 0.0, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            return {"score": 0.0, "error": _describe(exc)[:300]}
+
+    def _record(self, ep: _Episode) -> Trajectory:
+        try:
+            return self._trajectory(ep)
+        except Exception as exc:  # noqa: BLE001 - the record of what went wrong, without its tokens
+            self._fail(ep, "record", exc)
+            ep.response_ids, ep.generated, ep.logprobs, ep.loss = [], [], [], []
+            ep.kept = None
+            ep.routes = None if ep.routes is None else ep.routes[: max(len(ep.prompt_ids) - 1, 0)]
+            return self._trajectory(ep)
 
     def _trajectory(self, ep: _Episode) -> Trajectory:
         req = ep.request
@@ -334,14 +450,17 @@ class AgentRunner:
             "env": self.env.name, "turns": ep.turns, "termination": ep.reason, "calls": ep.calls,
             "generated_tokens": int(sum(ep.generated)), "tool_tokens": int(R - sum(ep.generated)),
             "tool_wall_s": round(ep.tool_wall_s, 4), "outcome": self._outcome(ep),
-            "transcript": "".join(ep.transcript),
+            "transcript": "".join(ep.transcript), **({"error": ep.error} if ep.error else {}),
         }
+        loss = np.asarray(ep.loss, np.float32)
+        if ep.reason == "error":  # nothing of a failed episode is trained on: the failure may not be the model's
+            loss = np.zeros_like(loss)
         return Trajectory(
             uid=f"{req['group_id']}-{ep.index}", group_id=req["group_id"], domain=req["domain"],
             prompt_ids=np.asarray(ep.prompt_ids, np.int32), response_ids=np.asarray(ep.response_ids, np.int32),
             inference_logprobs=np.asarray(ep.logprobs, np.float32),
             finish_reason="length" if ep.reason == "length" else "stop",
-            loss_mask=np.asarray(ep.loss, np.float32), generated=np.asarray(ep.generated, bool),
+            loss_mask=loss, generated=np.asarray(ep.generated, bool),
             kept_ids=kept_ids, kept_offsets=kept_offsets, kept_set_cut=ep.kept_set_cut, routed_experts=ep.routes,
             prompt_text=self.tok.decode(ep.prompt_ids), response_text="\n".join(ep.texts),
             sample=req["sample"], episode=episode,

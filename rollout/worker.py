@@ -47,7 +47,8 @@ class RolloutWorker:
             if block.get("agent"):
                 from rollout.agent import AgentConfig, AgentRunner
 
-                self._agents[name] = AgentRunner(self.engine, self.tokenizer, AgentConfig.from_config(block["agent"]))
+                self._agents[name] = AgentRunner(self.engine, self.tokenizer, AgentConfig.from_config(block["agent"]),
+                                                 code_sandbox=(cfg.get("rewards") or {}).get("code"))
 
     def ready(self) -> int:
         return self.rank

@@ -8,6 +8,7 @@ overflow) run deterministically; it returns real token ids of the real tokenizer
 
 import dataclasses
 import logging
+import time
 
 import numpy as np
 import pytest
@@ -322,3 +323,145 @@ def test_turns_stop_at_the_end_token_when_eos_is_another_token(tok):
     assert t.episode["termination"] == "submitted"
     assert set(engine.params.stop_token_ids) >= {7, base.convert_tokens_to_ids("<|im_end|>"),
                                                  base.convert_tokens_to_ids(base.eos_token)}
+
+
+# -------------------------------------------------------------------------- what must not end a training run
+def _probe_request(tmp_path, tok, texts, limits="{tool_timeout_s: 2, max_output_chars: 200}", extra_tools=""):
+    from test_envs import PROBE_ENV, make_env_dir
+
+    env_dir = make_env_dir(tmp_path, [{"id": "t0", "prompt": "say hi", "answer": "hi"}], limits=limits)
+    (env_dir / "env.py").write_text(PROBE_ENV + extra_tools)
+    engine = ScriptedEngine(tok, texts)
+    request = {**_request(), "sample": {"id": "t0", "prompt": "say hi"}}
+    return AgentRunner(engine, tok, AgentConfig(env=str(env_dir))), request
+
+
+def _call(name, args_json):
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {args_json}}}\n</tool_call>'
+
+
+def test_invalid_unicode_from_the_model_or_a_tool_is_made_safe(tmp_path, tok):
+    """A JSON-escaped lone surrogate in a call's arguments is echoed into the bad-arguments message, and a tool
+    returns one: neither may reach the tokenizer (which raises on them, ending the whole run); both become U+FFFD
+    and the episode goes on to its submit."""
+    bad = _call("echo", '{"text": ["\\ud800"]}')  # wrong type: the message quotes the value
+    echoed = _call("echo", '{"text": "a\\udcff b \\ud83d\\ude00"}')  # the tool returns the lone surrogate
+    runner, request = _probe_request(tmp_path, tok, [bad + "\n" + echoed, _call("submit_result", '{"answer": "hi"}')])
+    (t,) = runner.run([request], SP)
+    ep = t.episode
+    assert [(c["tool"], c["status"]) for c in ep["calls"]] == [("echo", "bad_args"), ("echo", "ok"),
+                                                                ("submit_result", "ok")]
+    assert ep["termination"] == "submitted" and ep["outcome"] == {"score": 1.0, "reason": None}
+    shown = tok.decode(runner.engine.calls[1][0])
+    assert "\ufffd" in shown and "a\ufffd b \U0001F600" in ep["transcript"]
+    ep["transcript"].encode("utf-8")  # what goes to rollouts/step_N.jsonl is valid text
+
+
+def test_safe_text():
+    from rollout.agent import safe_text
+
+    assert safe_text("plain ascii") == "plain ascii" and safe_text("déjà 😀") == "déjà 😀"
+    assert safe_text("a\ud800b") == "a\ufffdb" and safe_text("\udcff") == "\ufffd"
+    assert safe_text("\ud83d\ude00") == "😀"  # a pair held as two code points is one character
+    assert safe_text("nul\x00") == "nul\ufffd" and safe_text(b"x") == "b'x'"
+    assert safe_text(safe_text("a\ud800\x00")) == safe_text("a\ud800\x00")
+
+
+class PerTaskEngine(ScriptedEngine):
+    """Answers each episode after the task in its prompt: texts[key][turn]; "BAD" returns tokens without logprobs
+    (an engine output that does not add up)."""
+
+    def __init__(self, tokenizer, texts: dict[str, list[str]]):
+        super().__init__(tokenizer, [])
+        self.by_key, self.turn = texts, {}
+
+    def generate(self, prompts, sp):
+        self.calls.append([list(p) for p in prompts])
+        out = []
+        for p in prompts:
+            key = next(k for k in self.by_key if f"'{k}'" in self.tokenizer.decode(p))
+            turn = self.turn[key] = self.turn.get(key, -1) + 1
+            text = self.by_key[key][turn]
+            ids = self.tokenizer(("x" if text == "BAD" else text) + "<|im_end|>", add_special_tokens=False)["input_ids"]
+            lp = np.full(0 if text == "BAD" else len(ids), -1.0, np.float32)
+            out.append([Generation(np.asarray(ids, np.int32), lp, "stop")])
+        return out
+
+
+def test_an_error_inside_one_episode_fails_that_episode_not_the_step(tok):
+    """An exception inside one episode (here the engine's output for it that does not add up, and a parser that
+    raises on another's turn) ends that episode with reason `error`, scored 0 with the error as the reward's
+    reason, trained on nowhere, counted in the metrics; the step and the other episodes go on."""
+    from rewards.compose import RewardComposer
+    from rl.metrics import agent_metrics
+
+    engine = PerTaskEngine(tok, {"alpha": [LOOKUP, SUBMIT], "bravo": ["BAD"], "delta": ["BOOM"]})
+    runner = _runner(engine, tok)
+    parse = runner.format.parse
+
+    def parse_or_raise(text):
+        if "BOOM" in text:
+            raise RuntimeError("parser bug")
+        return parse(text)
+
+    runner.format.parse = parse_or_raise
+    ok, bad, boom = runner.run([{**_request(f"smoke-{i}"), "group_id": f"g{i}"} for i in (0, 1, 2)], SP)
+    assert ok.episode["termination"] == "submitted" and ok.episode["outcome"]["score"] == 1.0
+    for t, what in ((bad, "0 logprobs"), (boom, "parser bug")):
+        assert t.episode["termination"] == "error" and what in t.episode["error"], t.episode
+        assert t.episode["outcome"]["score"] == 0.0 and what in t.episode["outcome"]["reason"]
+        assert t.loss_mask is not None and not t.loss_mask.any()
+    assert bad.num_response_tokens == 0 and boom.num_response_tokens > 0  # the bad output was never appended
+    domains = {"agent": {"rewards": [{"name": "env_verifier", "weight": 1.0}]}}
+    with RewardComposer(domains, {}, 16) as c:
+        c.score([ok, bad, boom])
+    assert ok.reward == 1.0 and bad.reward == 0.0 and boom.reward == 0.0
+    assert "parser bug" in boom.reward_error and not boom.reward_failed
+    m = agent_metrics([ok, bad, boom], ["agent"])
+    assert m["episode/agent/termination/error"] == pytest.approx(2 / 3) and m["episode/agent/termination/submitted"] == \
+        pytest.approx(1 / 3)
+
+
+def test_of_several_submits_in_one_turn_the_first_counts_every_time(tok):
+    """The calls of one turn run in the model's order: the first submit counts, the later ones are not run."""
+    three = "\n".join(SUBMIT.replace("17", v) for v in ("17", "18", "blue heron"))
+    wrong_first = "\n".join(SUBMIT.replace("17", v) for v in ("18", "17", "17"))
+    sp = dataclasses.replace(SP, max_new_tokens=512)  # room for all three calls
+    for _ in range(15):
+        for text, score in ((three, 1.0), (wrong_first, 0.0)):
+            (t,) = _runner(ScriptedEngine(tok, [text]), tok).run([_request()], sp)
+            assert t.episode["termination"] == "submitted" and t.episode["outcome"]["score"] == score
+            assert [c["status"] for c in t.episode["calls"]] == ["ok", "skipped", "skipped"]
+
+
+HUNG_TOOL = '''
+
+def spin(state) -> str:
+    """Never return, catching whatever is raised."""
+    while True:
+        try:
+            while True:
+                pass
+        except BaseException:
+            continue
+
+
+TOOLS = TOOLS + [spin]
+'''
+
+
+def test_a_hung_tool_is_stopped_and_ends_its_episode(tmp_path, tok):
+    """A pure-Python tool that never returns is stopped at its deadline (its thread is gone at once); the episode's
+    state may be half-updated, so the episode ends there (reason tool_timeout, scored 0) and the calls after it in
+    the same turn are not run."""
+    import threading
+
+    turn = _call("spin", "{}") + "\n" + _call("submit_result", '{"answer": "hi"}')
+    runner, request = _probe_request(tmp_path, tok, [turn], limits="{tool_timeout_s: 0.3, max_output_chars: 200}",
+                                     extra_tools=HUNG_TOOL)
+    (t,) = runner.run([request], SP)
+    ep = t.episode
+    assert ep["termination"] == "tool_timeout" and [c["status"] for c in ep["calls"]] == ["timeout", "skipped"]
+    assert ep["outcome"]["score"] == 0.0 and "spin was stopped" in ep["outcome"]["reason"]
+    time.sleep(0.2)
+    assert not [th for th in threading.enumerate() if th.name == "tool-spin"]

@@ -8,6 +8,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Literal, TypedDict
@@ -238,16 +239,117 @@ def test_session_contains_bad_input(probe):
     assert r.content.startswith("x") and r.content.endswith("y") and len(r.value) == 10_000
 
 
-def test_a_tool_past_its_deadline_times_out_and_holds_the_session_until_it_returns(probe):
+def test_a_tool_past_its_deadline_is_stopped_and_spends_the_session(probe):
+    """A tool blocked in a C call (time.sleep) cannot be interrupted: the stop lands when the call returns, so
+    the rest of the tool never runs; from the deadline on, every call of the episode is an error naming why."""
     env, s = probe
     t0 = time.perf_counter()
     r = s.call("sleepy", {"seconds": 1.0}, timeout_s=0.2)
-    assert r.status == "timeout" and "0.2" in r.content and time.perf_counter() - t0 < 0.8
-    r = s.call("echo", {"text": "later"}, timeout_s=0.2)  # the first call still runs: no concurrent state change
-    assert r.status == "timeout" and "did not start" in r.content
-    time.sleep(1.0)
-    assert s.call("echo", {"text": "later"}).content == "later"
-    assert s.state.slept == 1.0 and s.state.calls == 1  # the timed-out echo never ran
+    assert r.status == "timeout" and "0.2" in r.content and "stopped" in r.content and time.perf_counter() - t0 < 0.8
+    assert s.stopped and "sleepy was stopped at its 0.2 s deadline" in s.stopped
+    r = s.call("echo", {"text": "later"})  # at once, whether or not the first call's thread still runs
+    assert r.status == "error" and "half-updated" in r.content and time.perf_counter() - t0 < 0.8
+    assert _tool_threads("sleepy")  # still blocked in time.sleep
+    _wait_gone("sleepy", 3.0)
+    assert not hasattr(s.state, "slept") and s.state.calls == 0  # nothing after the sleep ran, nor the echo
+    assert s.call("submit_result", {"answer": "hi"}).status == "error" and s.submission is None
+
+
+def _tool_threads(name):
+    return [t for t in threading.enumerate() if t.name == f"tool-{name}" and t.is_alive()]
+
+
+def _wait_gone(name, seconds):
+    end = time.perf_counter() + seconds
+    while _tool_threads(name) and time.perf_counter() < end:
+        time.sleep(0.01)
+    assert not _tool_threads(name), f"the thread of {name} still runs {seconds} s after its deadline"
+
+
+HUNG_TOOLS = '''
+
+def spin(state) -> str:
+    """Never return."""
+    while True:
+        pass
+
+
+def swallow(state) -> str:
+    """Never return, and catch whatever is raised."""
+    x = 0
+    while True:
+        try:
+            x += 1
+        except BaseException:
+            pass
+
+
+def retry(state) -> str:
+    """Never return: a retry loop around a loop, catching whatever is raised in it."""
+    while True:
+        try:
+            while True:
+                pass
+        except BaseException:
+            continue
+
+
+def nap(state, seconds: float) -> str:
+    """Sleep in one C call.
+
+    Args:
+        seconds: how long.
+    """
+    time.sleep(seconds)
+    return "rested"
+
+
+TOOLS = TOOLS + [spin, swallow, retry, nap]
+'''
+
+
+@pytest.fixture
+def hung(tmp_path):
+    d = make_env_dir(tmp_path, [{"id": "t0", "prompt": "p", "answer": "hi"}])
+    (d / "env.py").write_text(PROBE_ENV + HUNG_TOOLS)
+    (d / "env.yaml").write_text("name: hung\ndescription: Hangs.\nlimits: {tool_timeout_s: 0.2, max_output_chars: 200, "
+                                "max_stuck_calls: 2}\n")
+    return load_env(str(d))
+
+
+@pytest.mark.parametrize("tool", ["spin", "swallow", "retry"])
+def test_a_pure_python_tool_that_never_returns_is_stopped(hung, tool):
+    """Nothing of a call runs past its deadline: the tool's thread is gone within a short time, also when the tool
+    catches BaseException in a loop, and the process stops burning CPU."""
+    s = hung.reset(hung.tasks()[0])
+    try:
+        t0 = time.perf_counter()
+        r = s.call(tool, {})
+        assert r.status == "timeout" and "stopped" in r.content and time.perf_counter() - t0 < 1.0
+        _wait_gone(tool, 1.0)
+        cpu = time.process_time()
+        time.sleep(0.3)
+        assert time.process_time() - cpu < 0.1  # a spinning thread would add about 0.3 s
+        assert s.call("echo", {"text": "x"}).status == "error"
+    finally:
+        s.close()
+
+
+def test_threads_blocked_in_c_calls_are_capped_per_environment(hung):
+    """A thread blocked in a C call runs on until the call returns; while max_stuck_calls of them are alive, the
+    environment's new calls fail at once instead of adding more."""
+    sessions = [hung.reset(hung.tasks()[0]) for _ in range(3)]
+    try:
+        assert [s.call("nap", {"seconds": 1.5}).status for s in sessions[:2]] == ["timeout", "timeout"]
+        t0 = time.perf_counter()
+        r = sessions[2].call("echo", {"text": "x"})
+        assert r.status == "error" and "still blocked" in r.content and time.perf_counter() - t0 < 0.1
+        assert not sessions[2].stopped and sessions[2].state.calls == 0
+        _wait_gone("nap", 3.0)
+        assert sessions[2].call("echo", {"text": "x"}).content == "x"  # once they have returned, calls run again
+    finally:
+        for s in sessions:
+            s.close()
 
 
 def test_a_call_that_cannot_start_is_a_timeout_whichever_wait_ends_first(probe):
@@ -376,6 +478,57 @@ def test_repl_keeps_state_and_restarts_after_a_timeout():
         assert env.verify(env.tasks()[0], s) == (1.0, None)
     finally:
         s.close()
+
+
+def _code_interpreter_of_a_worker(monkeypatch, tokenizer, rewards_code):
+    """The code_interpreter environment as a rollout worker builds it for an agent domain of a run whose
+    `rewards.code` section is `rewards_code` (the engine stands in: only its tokenizer is used)."""
+    import types
+
+    import rollout.worker as worker
+
+    monkeypatch.setattr(worker, "resolve_engine", lambda rcfg: "hf")
+    monkeypatch.setattr(worker, "make_engine", lambda *a, **k: types.SimpleNamespace(tokenizer=tokenizer))
+    cfg = {"rollout": {}, "model": {}, "algorithm": {"keep_routing": False, "keep_sampling_mask": False}, "seed": 0,
+           "domains": {"agent": {"agent": {"env": "code_interpreter"}}}, "rewards": {"code": rewards_code}}
+    return worker.RolloutWorker(cfg, "unused", 0)._agents["agent"].env
+
+
+def test_code_interpreter_sandbox_follows_rewards_code(monkeypatch, tiny_moe_path):
+    from rewards import sandbox
+    from rewards.code_reward import code_reward
+    from rewards.spec import SampleView
+    from rl.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_moe_path)
+    # The package allow-list is the run's.
+    for packages, allowed in (([], False), (["numpy"], True)):
+        env = _code_interpreter_of_a_worker(monkeypatch, tok, {"packages": packages})
+        s = env.reset(env.tasks()[0])
+        try:
+            r = s.call("run_python", {"code": "import numpy\nint(numpy.arange(3).sum())"})
+        finally:
+            s.close()
+        if allowed:
+            assert (r.status, r.content) == ("ok", "3")
+        else:
+            assert r.status == "error" and "No module named 'numpy'" in r.content, r.content
+    # So is require_os_isolation: without OS-level isolation it refuses, as the code reward does.
+    monkeypatch.setattr(sandbox, "_probe_cache", {})
+    monkeypatch.setattr(sandbox, "_warned", set())
+    monkeypatch.setenv(sandbox.DISABLE_ENV, "landlock,jail,netns")
+    env = _code_interpreter_of_a_worker(monkeypatch, tok, {"require_os_isolation": True})
+    s = env.reset(env.tasks()[0])
+    try:
+        r = s.call("run_python", {"code": "print(7)"})
+    finally:
+        s.close()
+    assert r.status == "error" and "refused" in r.content and "require_os_isolation" in r.content, r.content
+    answer = "```python\nprint(7)\n```"
+    sample = SampleView(response=answer, answer=answer, sample={"tests": {"type": "stdio", "cases": [
+        {"input": "", "output": "7"}]}}, finish_reason="stop", num_response_tokens=5, domain="code", max_new_tokens=9)
+    with pytest.raises(sandbox.SandboxIsolationError, match="require_os_isolation"):
+        code_reward(sample, {"mode": "fraction", "max_program_chars": 1000, "require_os_isolation": True})
 
 
 # ---------------------------------------------------------------------------------------------------------- CLI

@@ -280,3 +280,180 @@ def test_add_outer_accumulates_inside_the_gemm_on_cuda():
             assert lp._MIXED_ADDMM[0], "torch.addmm(out_dtype=float32) was refused on this GPU"
     lp._MIXED_ADDMM[0] = True
     assert errors[True] < 1e-5 < errors[False], errors
+
+
+# --------------------------------------------------------------------------- issue 41
+def _hand_masked_logp(hidden, weight, bias, targets, sets, temperature):
+    """Dense autograd reference, the kept-set mask built here by hand: z = (h W^T + b) / T, -inf outside
+    K_t u {o_t}, log_softmax, the target's entry."""
+    z = hidden @ weight.T
+    if bias is not None:
+        z = z + bias
+    z = z / temperature
+    keep = torch.zeros(z.shape, dtype=torch.bool)
+    for j, ids in enumerate(sets):
+        keep[j, list(ids) + [int(targets[j])]] = True
+    return torch.log_softmax(z.masked_fill(~keep, float("-inf")), dim=-1).gather(1, targets[:, None]).squeeze(1)
+
+
+def test_support_head_whole_head_chunk_with_bias(monkeypatch):
+    """The support head on chunks whose kept ids cover over half the vocabulary (it then uses the whole head and
+    adds dz.sum(0) to the bias gradient) beside chunks on their own support: values and the gradients of hidden,
+    weight and bias against dense float64 autograd; forward and backward both take the whole head on the first
+    two chunks (seen through support_columns, which they call with the vocabulary size)."""
+    import rl.logprobs as lp
+    from rl.logprobs import support_columns
+
+    taken = []  # (chunk start, vocabulary size passed, what support_columns returned)
+
+    def spy(*a):
+        taken.append((a[3], a[5], support_columns(*a)))
+        return taken[-1][2]
+
+    monkeypatch.setattr(lp, "support_columns", spy)
+
+    g = torch.Generator().manual_seed(11)
+    N, H, V, chunk = 10, 6, 40, 4
+    hidden = torch.randn(N, H, generator=g, dtype=D, requires_grad=True)
+    weight = torch.randn(V, H, generator=g, dtype=D, requires_grad=True)
+    bias = torch.randn(V, generator=g, dtype=D, requires_grad=True)
+    targets = torch.randint(0, V, (N,), generator=g)
+    # rows 0-7 (chunks 0 and 1) keep 25 of 40 ids: the whole head; rows 8-9 keep 3: their own support
+    sets = [sorted(torch.randperm(V, generator=g)[: 25 if j < 8 else 3].tolist()) for j in range(N)]
+    kept_ids = torch.tensor([i for s in sets for i in s], dtype=torch.int32)
+    kept_offsets = torch.tensor(np.concatenate([[0], np.cumsum([len(s) for s in sets])]), dtype=torch.long)
+    assert [support_columns(kept_ids, kept_offsets, targets, s, min(s + chunk, N), V)[0] is None
+            for s in range(0, N, chunk)] == [True, True, False]
+    coeff = torch.randn(N, generator=g, dtype=D)
+    logp, *_ = token_logprobs(hidden, weight, targets, lm_bias=bias, temperature=0.7, kept_ids=kept_ids,
+                              kept_offsets=kept_offsets, chunk_size=chunk, support_head=True)
+    want = _hand_masked_logp(hidden, weight, bias, targets, sets, 0.7)
+    torch.testing.assert_close(logp, want, rtol=0, atol=1e-12)
+    got = torch.autograd.grad((coeff * logp).sum(), (hidden, weight, bias), retain_graph=True)
+    ref = torch.autograd.grad((coeff * want).sum(), (hidden, weight, bias), retain_graph=True)
+    for name, a, b in zip(("hidden", "weight", "bias"), got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+    assert [(s, vocab, cols[0] is None) for s, vocab, cols in taken] == [
+        (0, V, True), (4, V, True), (8, V, False)] * 2  # forward, then backward
+    # only the bias gradient: the whole-head chunks alone (coefficients 0 on rows 8-9)
+    coeff[8:] = 0
+    (gb,) = torch.autograd.grad((coeff * logp).sum(), bias)
+    (wb,) = torch.autograd.grad((coeff * want).sum(), bias)
+    torch.testing.assert_close(gb, wb, rtol=1e-10, atol=1e-12)
+
+
+def test_token_logprobs_defaults():
+    """token_logprobs(hidden, weight, targets) with every default: temperature 1, no entropy (None, None), the
+    eager dense head (not torch.compile'd); with kept sets and only with_entropy given, the dense head (the full-
+    vocabulary entropy at every position, not the support head's NaNs between strided positions). Against
+    log_softmax(h W^T) computed here."""
+    import rl.logprobs as lp
+
+    hidden, weight, _, targets, sets, kept_ids, kept_offsets = _inputs(N=21, H=5, V=30)
+    z = hidden @ weight.T
+    want = torch.log_softmax(z, dim=-1).gather(1, targets[:, None]).squeeze(1)
+
+    def refuse(fn):
+        raise AssertionError("the default head must not go through torch.compile")
+
+    saved, lp._compiled = lp._compiled, refuse
+    try:
+        out = token_logprobs(hidden, weight, targets)
+        masked = token_logprobs(hidden, weight, targets, kept_ids=kept_ids, kept_offsets=kept_offsets,
+                                with_entropy=True)
+        (gh,) = torch.autograd.grad(out[0].sum(), hidden)  # the backward is eager too
+    finally:
+        lp._compiled = saved
+    assert out[1] is None and out[2] is None
+    torch.testing.assert_close(out[0], want, rtol=0, atol=1e-12)
+    (wh,) = torch.autograd.grad(want.sum(), hidden)
+    torch.testing.assert_close(gh, wh, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(masked[0], _hand_masked_logp(hidden, weight, None, targets, sets, 1.0), rtol=0,
+                               atol=1e-12)
+    p = torch.softmax(z.detach(), dim=-1)
+    full = -(p * p.log()).sum(-1)
+    assert not torch.isnan(masked[2]).any()
+    torch.testing.assert_close(masked[2], full, rtol=0, atol=1e-12)
+
+
+def test_kept_matrix_marks_the_kept_ids_by_default_and_the_rest_when_inverted():
+    """kept_matrix (used without invert by benchmarks/logprob_memory.py): True at each row's kept ids and its
+    target by default; invert=True is the exact complement."""
+    from rl.logprobs import kept_matrix
+
+    _, _, _, targets, sets, kept_ids, kept_offsets = _inputs(N=9, H=2, V=12)
+    want = torch.zeros(7, 12, dtype=torch.bool)
+    for r, j in enumerate(range(2, 9)):
+        want[r, sets[j] + [int(targets[j])]] = True
+    assert torch.equal(kept_matrix(kept_ids, kept_offsets, targets, 2, 9, 12), want)
+    assert torch.equal(kept_matrix(kept_ids, kept_offsets, targets, 2, 9, 12, invert=True), ~want)
+
+
+@pytest.mark.parametrize("support_head", [False, True])
+def test_the_full_vocabulary_entropy_pass_runs_only_when_it_is_asked_for(support_head, monkeypatch):
+    """The full-vocabulary entropy costs a dense pass over the logits: it runs only with with_entropy=True and
+    kept sets (without kept sets it is the kept-set entropy itself)."""
+    import rl.logprobs as lp
+
+    hidden, weight, _, targets, _, kept_ids, kept_offsets = _inputs(N=12, H=4, V=20)
+    calls = []
+    real = lp._entropy
+    monkeypatch.setattr(lp, "_entropy", lambda z: calls.append(z.shape) or real(z))
+    masked = dict(kept_ids=kept_ids, kept_offsets=kept_offsets, support_head=support_head)
+    token_logprobs(hidden, weight, targets, with_entropy=False, **masked)
+    token_logprobs(hidden, weight, targets, with_entropy=True, support_head=support_head)
+    assert calls == []
+    token_logprobs(hidden, weight, targets, with_entropy=True, **masked)
+    assert calls
+
+
+def test_chunk_sizes(monkeypatch):
+    """The dense head works in chunks of chunk_size positions (default 1024); the support head in chunks of at most
+    SUPPORT_CHUNK = 256 (benchmarks/README.md: on real kept sets 256 positions need about half the vocabulary), or
+    of chunk_size when that is smaller; chunk_size < 1 is refused."""
+    import rl.logprobs as lp
+
+    hidden, weight, _, targets, _, kept_ids, kept_offsets = _inputs(N=1100, H=3, V=8)
+    dense, support = [], []
+    real_dense, real_support = lp._logits_chunk, lp.support_columns
+    monkeypatch.setattr(lp, "_logits_chunk", lambda *a: dense.append((a[5], a[6])) or real_dense(*a))
+    monkeypatch.setattr(lp, "support_columns", lambda *a: support.append((a[3], a[4])) or real_support(*a))
+    masked = dict(kept_ids=kept_ids, kept_offsets=kept_offsets)
+    token_logprobs(hidden, weight, targets, **masked)
+    assert dense == [(0, 1024), (1024, 1100)]
+    assert lp.SUPPORT_CHUNK == 256
+    token_logprobs(hidden, weight, targets, support_head=True, **masked)
+    assert support == [(s, min(s + 256, 1100)) for s in range(0, 1100, 256)]
+    support.clear()
+    token_logprobs(hidden[:250], weight, targets[:250], support_head=True, chunk_size=100, kept_ids=kept_ids,
+                   kept_offsets=kept_offsets[:251])
+    assert support == [(0, 100), (100, 200), (200, 250)]
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+            token_logprobs(hidden, weight, targets, chunk_size=bad)
+
+
+def test_support_head_uses_the_whole_head_only_over_half_the_vocabulary():
+    """support_columns returns the chunk's sorted support U while it holds at most half the vocabulary
+    (|U| <= V // 2) and None (the whole head) above."""
+    from rl.logprobs import support_columns
+
+    V = 40
+    for n_ids, whole in ((20, False), (21, True)):
+        ids = torch.arange(n_ids - 1, dtype=torch.int32)  # one row: n_ids - 1 kept ids and the target
+        targets = torch.tensor([V - 1])
+        U, *_ = support_columns(ids, torch.tensor([0, n_ids - 1]), targets, 0, 1, V)
+        assert (U is None) == whole
+        if not whole:
+            assert U.tolist() == list(range(n_ids - 1)) + [V - 1]
+
+
+def test_add_outer_on_cpu_leaves_the_mixed_gemm_alone(caplog):
+    """On CPU the weight gradient never tries torch.addmm(out_dtype=) (a CUDA kernel): no warning, and the switch
+    that turns the mixed GEMM off for good stays on for a GPU in the same process."""
+    import rl.logprobs as lp
+
+    acc = torch.zeros(6, 3)
+    with caplog.at_level("WARNING", logger="rl.logprobs"):
+        lp.add_outer(acc, torch.randn(4, 6).bfloat16(), torch.randn(4, 3).bfloat16())
+    assert lp._MIXED_ADDMM == [True] and not caplog.records

@@ -341,3 +341,114 @@ def test_importance_weight_scales_the_policy_gradient_only():
     _, weighted = grpo_loss(*args, **kw, is_weight=t([0.5, 0.5]))
     assert weighted["pg_loss"].item() == pytest.approx(0.5 * plain["pg_loss"].item())
     assert weighted["kl_loss"].item() == pytest.approx(plain["kl_loss"].item())
+
+
+# ---------------------------------------------------------------- issue 41: values no earlier test checked
+
+
+def test_grpo_loss_stats_against_loop():
+    """Every stat of grpo_loss against a hand computation on a batch that has clipped tokens both inside and
+    outside the loss mask (so the clip count is the masked share, not all clipped tokens) and an OPSM-masked
+    sample: clip_tok_sum, tok_sum, log_ratio_seq (mean log(pi_old/pi_theta) per sample, OPSM's statistic),
+    kl_seq, opsm_keep, and pg_loss / kl_loss each on its own."""
+    logp, old, ref, seq, mask, adv, beta, delta = _random_batch(1)
+    eps_low, eps_high, G, T = 0.2, 0.28, 16, 200
+    kw = dict(eps_low=eps_low, eps_high=eps_high, aggregation="seq_mean_token_mean", norm_seqs=G, norm_tokens=T)
+    _, stats = grpo_loss(logp, old, ref, seq, mask, adv, beta, delta, **kw)
+    lp, o, r, s, m, a = logp.tolist(), old.tolist(), ref.tolist(), seq.tolist(), mask.tolist(), adv.tolist()
+    B = len(a)
+    clipped = []
+    for j in range(len(s)):
+        ratio = math.exp(lp[j] - o[j])
+        rc = min(max(ratio, 1 - eps_low), 1 + eps_high)
+        clipped.append(rc * a[s[j]] < ratio * a[s[j]])
+    assert any(c and m[j] == 0 for j, c in enumerate(clipped)) and any(c and m[j] > 0 for j, c in enumerate(clipped))
+    assert stats["clip_tok_sum"].item() == sum(1.0 for j, c in enumerate(clipped) if c and m[j] > 0)
+    assert stats["tok_sum"].item() == sum(m)
+    want_log_ratio, want_kl = [], []
+    for i in range(B):
+        toks = [j for j in range(len(s)) if s[j] == i and m[j] > 0]
+        want_log_ratio.append(sum(o[j] - lp[j] for j in toks) / len(toks) if toks else 0.0)
+        kl = [math.exp(lp[j] - o[j]) * (math.exp(r[j] - lp[j]) - (r[j] - lp[j]) - 1) for j in toks]
+        want_kl.append(sum(kl) / len(kl) if kl else 0.0)
+    assert any(v > 0 for v in want_log_ratio) and any(v < 0 for v in want_log_ratio)
+    np.testing.assert_allclose(stats["log_ratio_seq"].numpy(), want_log_ratio, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(stats["kl_seq"].numpy(), want_kl, rtol=1e-12, atol=1e-15)
+    assert stats["opsm_keep"].tolist() == _opsm_ref(a, lp, o, s, m, delta.tolist())
+    no_kl = [0.0] * B
+    want_pg = _grpo_loss_ref(lp, o, r, s, m, a, no_kl, delta.tolist(), eps_low, eps_high, True,
+                             "seq_mean_token_mean", G, T)
+    want_all = _grpo_loss_ref(lp, o, r, s, m, a, beta.tolist(), delta.tolist(), eps_low, eps_high, True,
+                              "seq_mean_token_mean", G, T)
+    assert stats["pg_loss"].item() == pytest.approx(want_pg, rel=1e-12, abs=1e-15)
+    assert stats["kl_loss"].item() == pytest.approx(want_all - want_pg, rel=1e-10, abs=1e-15)
+    assert stats["kl_loss"].item() > 0
+
+
+def test_opsm_keeps_samples_without_loss_tokens_even_when_the_threshold_is_negative():
+    """The docstring's 'sequences with no generated token are kept', on the case where it matters: A < 0 and a
+    finite delta below their drift of 0 (an empty sequence's mean). Sample 0 has tokens, all outside the loss
+    mask; sample 1 has no token at all; sample 2 (with tokens) is the control that the same A and delta mask."""
+    seq = torch.tensor([0, 0, 2, 2])
+    logp, old = t([-1.0, -1.0, -2.0, -2.0]), t([-1.0, -1.0, -1.0, -1.0])  # sample 2's drift = 1
+    mask = t([0.0, 0.0, 1.0, 1.0])
+    adv, delta = t([-1.0, -1.0, -1.0]), t([-0.5, -0.5, -0.5])
+    assert opsm_keep(adv, logp, old, seq, mask, delta).tolist() == [True, True, False]
+    assert _opsm_ref(adv.tolist(), logp.tolist(), old.tolist(), seq.tolist(), mask.tolist(), delta.tolist()) == [
+        True, True, False]
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
+def test_a_minibatch_with_one_loss_token_gets_its_whole_loss(aggregation):
+    """A mini-batch with a single loss token (norm_tokens = norm_seqs = 1): the loss is that token's value, for
+    every aggregation (token_mean divides by max(norm_tokens, 1) = 1)."""
+    x = t([3.0, 5.0, 7.0])
+    seq, mask = torch.tensor([0, 0, 0]), t([0.0, 1.0, 0.0])
+    assert aggregate(x, seq, mask, 1, aggregation, 1, 1).item() == 5.0
+    # and through the whole loss: one token, ratio 1 (no clip), A = 2, no KL -> pg = -r A = -2
+    loss, stats = grpo_loss(t([-1.0, -1.0]), t([-1.0, -1.0]), None, torch.tensor([0, 0]), t([1.0, 0.0]), t([2.0]),
+                            t([0.0]), t([float("inf")]), eps_low=0.2, eps_high=0.2, aggregation=aggregation,
+                            norm_seqs=1, norm_tokens=1)
+    assert loss.item() == -2.0 and stats["pg_loss"].item() == -2.0 and stats["tok_sum"].item() == 1.0
+
+
+def test_log_ratios_are_clamped_at_20():
+    """LOG_RATIO_CLAMP = 20 as documented (exp(20) ~ 4.9e8 stays finite in float32): K3 at |d| = 1e4 is K3 at
+    d = +-20, and the truncated importance weight of a log ratio of -1e4 is exp(-20), not 0."""
+    from rl.losses import LOG_RATIO_CLAMP, truncated_is_weight
+
+    assert LOG_RATIO_CLAMP == 20.0
+    got = k3_kl(t([-1e4, 0.0]), t([0.0, -1e4]))  # d = ref - logp = +1e4, -1e4
+    np.testing.assert_allclose(got.numpy(), [math.expm1(20) - 20, math.expm1(-20) + 20], rtol=1e-15)
+    w = truncated_is_weight(t([-1e4, 0.0]), t([0.0, -1e4]), cap=2.0)
+    assert w.tolist() == [math.exp(-20.0), 2.0]
+
+
+def test_importance_weights_are_constants():
+    """truncated_is_weight is detached (its docstring), and grpo_loss detaches is_weight: no gradient reaches
+    pi_old through the weight, and the policy gradient is the one of a constant weight."""
+    from rl.losses import truncated_is_weight
+
+    old = t([-1.0, -2.0]).requires_grad_()
+    assert not truncated_is_weight(old, t([-1.5, -1.5]), cap=2.0).requires_grad
+    args = (t([-1.1, -1.9]), t([-1.5, -1.5]), torch.tensor([0, 0]), t([1.0, 1.0]), t([1.0]), t([0.3]),
+            t([float("inf")]))
+    kw = dict(eps_low=0.2, eps_high=0.2, aggregation="token_mean", norm_seqs=1, norm_tokens=2)
+    weight = t([0.5, 1.5]).requires_grad_()
+    logp = t([-1.0, -2.0]).requires_grad_()
+    loss, _ = grpo_loss(logp, *args, **kw, is_weight=weight)
+    loss.backward()
+    assert weight.grad is None
+    logp2 = t([-1.0, -2.0]).requires_grad_()
+    loss2, _ = grpo_loss(logp2, *args, **kw, is_weight=t([0.5, 1.5]))
+    loss2.backward()
+    torch.testing.assert_close(logp.grad, logp2.grad, rtol=0, atol=0)
+
+
+def test_opsm_negative_advantage_is_strictly_below_minus_tolerance():
+    """A counts as negative only below -ADV_TOL: A = -ADV_TOL itself is kept, A = -2 ADV_TOL is masked."""
+    from rl.losses import ADV_TOL
+
+    lp, old = t([-3.0, -3.0]), t([-1.0, -1.0])  # drift 2 > delta
+    keep = opsm_keep(t([-ADV_TOL, -2 * ADV_TOL]), lp, old, torch.tensor([0, 1]), t([1.0, 1.0]), t([0.5, 0.5]))
+    assert keep.tolist() == [True, False]

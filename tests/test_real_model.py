@@ -166,7 +166,7 @@ def test_one_training_step_of_smol_agent_on_cpu(smollm2_path, tmp_path):
     import json
 
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
-    assert row["step"] == 1 and row["samples/agent"] == 4.0 and row["agent/agent/turns"] >= 1
+    assert row["step"] == 1 and row["samples/agent"] == 4.0 and row["episode/agent/turns"] >= 1
     assert row["mismatch/logprob_abs"] < 1e-3
     sample = json.loads((tmp_path / "run" / "rollouts" / "step_000001.jsonl").read_text().splitlines()[0])
     prompt = sample["prompt"]

@@ -20,6 +20,7 @@ from rl.config import ConfigError
 from rl.data import load_domain_rows
 from rl.metrics import eval_metrics, rollout_metrics, trainer_metrics
 from rl.trajectory import Trajectory
+from trainer.objectives import GRPO
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,8 +156,8 @@ def test_every_domain_is_logged_every_step_and_dead_groups_are_counted():
     m = rollout_metrics(trajs, {"math": ["math", "length"], "code": ["code"], "agent": ["env_verifier"]},
                         agent_domains=["agent"])
     assert m["samples/code"] == 0.0 and m["reward/code/mean"] is None and m["reward/code/code"] is None
-    assert m["agent/agent/turns"] is None and m["agent/agent/termination/submitted"] is None and m["time/tools"] is None
-    t = trainer_metrics([{"seqs/math": 4.0, "opsm_masked/math": 1.0, "tokens": 8.0}], ["math", "code"], 1)
+    assert m["episode/agent/turns"] is None and m["episode/agent/termination/submitted"] is None and m["time/tools"] is None
+    t = trainer_metrics([{"seqs/math": 4.0, "opsm_masked/math": 1.0, "tokens": 8.0}], ["math", "code"], 1, GRPO.metrics)
     assert t["opsm/math/masked_frac"] == 0.25 and t["opsm/code/masked_frac"] is None
     assert t["memory/trainer_free_gib"] is None and t["memory/others_gib"] is None  # a CPU trainer reports none
     ranks = [{"gpu_free_gib": 30.0, "gpu_others_gib": 4.0, "gpu_peak_gib": 20.0},
@@ -174,8 +175,9 @@ def test_eval_metrics_mean_and_pass_at_k():
 
     trajs = [t("a", "p1", 1.0, 1.1), t("b", "p1", 0.0, 0.0), t("c", "p2", 0.0, -0.1), t("d", "p2", 0.0, 0.0)]
     m = eval_metrics(trajs, 2, {"math": "math"}, 1.0)
-    assert m["eval/math/pass@2"] == 0.5 and m["eval/math/pass@1"] == 0.25
-    assert m["eval/math/mean@2"] == pytest.approx(0.25) and m["eval/math/prompts"] == 2.0
+    assert m["eval/math/pass@k"] == 0.5 and m["eval/math/pass@1"] == 0.25 and m["eval/k"] == 2.0
+    assert m["eval/math/mean@k"] == pytest.approx(0.25) and m["eval/math/prompts"] == 2.0
+    assert not any("@2" in key for key in m)  # k's value is not in the names: other n_samples, same charts
 
 
 # ------------------------------------------------------------------------------------------- checkpoints
@@ -272,7 +274,7 @@ def test_softcapped_logits_are_refused_at_start(tmp_path):
 
 
 def test_eval_without_an_eval_dataset_is_warned_and_off(tiny_moe_path, caplog):
-    from launch.loop import held_out_prompts
+    from launch.sources import held_out_prompts
     from rl.models import load_tokenizer
 
     cfg = compose(["+experiment=mixed_rl"])

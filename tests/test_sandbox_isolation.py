@@ -1,21 +1,27 @@
 """Code sandbox isolation: confinement of the file system (dir_fd escapes, reads of project data / home / system
 files), correct programs that use the stdlib and numpy, the isolation probe, the refuse switch, sandbox-caused
-failures labelled as such, and the assert-mode pass integrity (nonce out of reach of the program's frames)."""
+failures labelled as such, the assert-mode pass integrity (nonce out of reach of the program's frames), the write
+quota and total cleanup (the seccomp filter and the library list: test_sandbox_seccomp.py)."""
 
 import logging
 import os
 import secrets
+import socket
+import subprocess
+import tempfile
+import time
 import uuid
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
+import yaml
 
 from rewards import sandbox, sandbox_os
 from rewards.code_reward import code_reward
 from rewards.compose import RewardComposer
-from rewards.spec import SampleView
+from rewards.spec import RewardZero, SampleView
 from rewards.sandbox import (
     SandboxIsolationError,
     SandboxLimits,
@@ -311,3 +317,127 @@ def test_frames_and_locals_of_the_driver_hold_no_secret():
                       asserts=DOUBLE[:2] + ["print(seen)\nassert f(3) == 6"])
     assert res.passed == {0, 1, 2}, (res.status, res.detail)
     assert "PASS" not in res.stdout and "nonce" not in res.stdout
+
+
+# ------------------------------------------------------------------------------- write quota, total cleanup
+# Built from the bottom up (each new top takes the tree so far), so no step walks a long path.
+DEEP_TREE = ("import os\nfor i in range(5000):\n    os.mkdir(f'n{i}')\n    if i:\n"
+             "        os.rename(f'n{i - 1}', f'n{i}/d')\nprint('built')")
+SLOW = {**LIMITS, "wall_s": 30.0, "cpu_s": 20}  # both end at the quota long before; room for a loaded machine
+WRITE_FOREVER = "i = 0\nwhile True:\n    with open(f'f{i}', 'wb') as f:\n        f.write(b'x' * 500_000)\n    i += 1"
+BOX_MODES = {"tmpfs box": "", "box on the host disk": "jail"}
+
+
+@pytest.fixture
+def temp_root(monkeypatch):
+    """A temp root of the sandbox's own (world-traversable, like /tmp), to see what a run leaves in it."""
+    root = Path(tempfile.mkdtemp(prefix="mixrl-test-root-"))
+    os.chmod(root, 0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    yield root
+    monkeypatch.undo()
+    subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+def left_in(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name != "mixrl-sandbox-uids")
+
+
+@pytest.mark.parametrize("mode", list(BOX_MODES))
+def test_a_deep_tree_is_removed_and_reported_as_the_quota(fresh_probe, monkeypatch, temp_root, mode):
+    monkeypatch.setenv(sandbox.DISABLE_ENV, BOX_MODES[mode])
+    res = run_program(DEEP_TREE, SandboxLimits(**SLOW))
+    assert res.status == "write_limit", (res.status, res.detail, res.stderr_tail[-300:])
+    assert left_in(temp_root) == []
+    assert not leftovers()
+
+
+@pytest.mark.parametrize("mode", list(BOX_MODES))
+def test_writing_past_the_quota_stops_the_run(fresh_probe, monkeypatch, temp_root, mode):
+    monkeypatch.setenv(sandbox.DISABLE_ENV, BOX_MODES[mode])
+    t0 = time.monotonic()
+    res = run_program(WRITE_FOREVER, SandboxLimits(**SLOW, max_write_mb=4))
+    assert res.status == "write_limit", (res.status, res.detail, res.stderr_tail[-300:])
+    assert time.monotonic() - t0 < SLOW["wall_s"]  # stopped at the quota, not at the time limit
+    assert left_in(temp_root) == []
+    # The config key reaches the sandbox: rewards.code.max_write_mb -> the code reward's params -> SandboxLimits.
+    with pytest.raises(RewardZero, match="write_limit"):
+        code_reward(view(WRITE_FOREVER, ECHO_TESTS), code_params(**SLOW, max_write_mb=4))
+    assert left_in(temp_root) == []
+    assert not leftovers()
+
+
+def odd_tree(root: str) -> None:
+    """Everything a cleanup can trip on: depth past the recursion limit, odd names, unreadable and read-only dirs,
+    files chmod 000, a fifo, a socket, a symlink out of the tree."""
+    fd = os.open(root, os.O_RDONLY)
+    for _ in range(3000):
+        os.mkdir("d", dir_fd=fd)
+        sub = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = sub
+    os.close(fd)
+    os.mkdir(f"{root}/ro")
+    Path(f"{root}/ro/secret").write_bytes(b"x" * 10_000)
+    os.chmod(f"{root}/ro/secret", 0)
+    os.chmod(f"{root}/ro", 0o500)
+    os.makedirs(f"{root}/locked/inner")
+    os.chmod(f"{root}/locked", 0)
+    os.mkfifo(f"{root}/fifo")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(f"{root}/sock")
+    sock.close()
+    Path(os.path.join(root, "new\nline \udcff")).write_text("x")
+    os.symlink("/etc", f"{root}/to-etc")
+
+
+@pytest.mark.parametrize("who", ["this uid", "an unprivileged owner"])
+def test_remove_tree_removes_anything(tmp_path, who):
+    from rewards.sandbox_fs import remove_tree
+
+    if who == "this uid":
+        root = tmp_path / "tree"
+        root.mkdir()
+        odd_tree(str(root))
+        remove_tree(str(root))
+        assert not root.exists() and os.path.isdir("/etc")
+        return
+    if not IS_ROOT:
+        pytest.skip("needs root to become another uid")
+    parent = Path(tempfile.mkdtemp(prefix="mixrl-rmtest-"))
+    try:
+        os.chmod(parent, 0o777)
+        root = parent / "tree"
+        pid = os.fork()
+        if pid == 0:  # the owner, without root's override of permissions, builds and removes its own tree
+            code = 1
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                os.mkdir(root)
+                odd_tree(str(root))
+                remove_tree(str(root))
+                code = 0 if not root.exists() else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0 and not root.exists()
+    finally:
+        subprocess.run(["rm", "-rf", str(parent)], check=False)
+
+
+def test_sandbox_limits_from_config():
+    limits = sandbox.sandbox_limits_from_config(
+        {"mode": "fraction", "wall_s": 3, "network_namespace": False, "sandbox_uid_base": 61000, "packages": [],
+         "max_write_mb": 4, "require_os_isolation": True, "timeout_s": 60}, memory_mb=256)
+    assert (limits.wall_s, limits.netns, limits.uid_base, limits.packages) == (3.0, False, 61000, ())
+    assert (limits.max_write_mb, limits.require_os_isolation, limits.memory_mb) == (4, True, 256)
+    assert sandbox.sandbox_limits_from_config(None) == SandboxLimits()
+    # From the config file through the code reward's validated params.
+    from rewards.compose import build_domain_parts
+
+    code_cfg = yaml.safe_load((REPO / "conf" / "rewards" / "default.yaml").read_text())["code"]
+    for section, want in ((code_cfg, (32, ("numpy",))), ({**code_cfg, "max_write_mb": 4, "packages": []}, (4, ()))):
+        (part,) = build_domain_parts("code", [{"name": "code", "weight": 1.0}], {"code": section}, 1024)
+        limits = sandbox.sandbox_limits_from_config(part.params)
+        assert (limits.max_write_mb, limits.packages) == want

@@ -9,10 +9,11 @@ import torch
 
 from rl.config import engine_memory_share, engines_per_gpu
 from rl.losses import grpo_loss
-from rl.metrics import TrainStatSums, trainer_metrics
+from rl.metrics import TrainStatSums, forward_sums, trainer_metrics
 from rl.trajectory import Trajectory, collate
 from trainer import dist
 from trainer.forward import ForwardOut
+from trainer.objectives import GRPO
 
 
 def _batch(seed=0):
@@ -59,8 +60,9 @@ def _reference_sums(batch, out, stats) -> dict:
 
 
 def test_train_stat_sums_read_nothing_back_until_the_step_ends(monkeypatch):
-    """add() never turns a tensor into a Python value (each would wait for the GPU); totals() equals the sums read one
-    value at a time, per domain too, over two micro-batches."""
+    """Neither the sums of a micro-batch (the trainer's `forward_sums`, GRPO's) nor add() turn a tensor into a Python
+    value (each would wait for the GPU); totals() equals the sums read one value at a time, per domain too, over two
+    micro-batches."""
     parts = [_batch(0), _batch(1)]
     sums = TrainStatSums()
 
@@ -72,7 +74,8 @@ def test_train_stat_sums_read_nothing_back_until_the_step_ends(monkeypatch):
             m.setattr(torch.Tensor, name, refuse)
         for i, (batch, out, stats) in enumerate(parts):  # Keep Routing's counts: device tensors, then ints
             routing = (torch.tensor(3), torch.tensor(10)) if i == 0 else (2, 5)
-            sums.add(batch, out, stats, routing, first_minibatch=i < 2)
+            sums.add(forward_sums(batch, out, routing, first_minibatch=i < 2))
+            sums.add(GRPO.sums(batch, stats))
     got = sums.totals()
     want: dict = {}
     for i, (batch, out, stats) in enumerate(parts):
@@ -83,7 +86,7 @@ def test_train_stat_sums_read_nothing_back_until_the_step_ends(monkeypatch):
     assert got["routing_mismatch"] == 5 and got["routing_total"] == 15
     assert all(np.isfinite(v) for v in got.values()) and got["full_entropy_tokens"] < got["tokens"]
     assert got["kl_seqs/code"] == 4 and got["kl_seqs/math"] == 0 and got["kl_sum/math"] == 0.0
-    m = trainer_metrics([got], ["math", "code", "general"], 1)
+    m = trainer_metrics([got], ["math", "code", "general"], 1, GRPO.metrics)
     assert m["opsm/masked_frac"] == pytest.approx(sum(want.get(f"opsm_masked/{d}", 0) for d in ("math", "code", "general")) / 10)
     assert m["kl/math"] is None and m["kl/code"] == pytest.approx(want["kl_sum/code"] / 4, rel=1e-5)
 

@@ -181,11 +181,15 @@ def hand_back(device, missing: int) -> None:
 
 
 def auto_micro_batch_counts(batches: list[list], layout: str, device, model_config, dtype: str,
-                            head: dict, memory_share: float, forward_only: bool = False) -> list[int]:
+                            head: dict, memory_share: float, forward_only: bool = False,
+                            max_tokens: int | None = None) -> list[int]:
     """trainer.micro_batch_size=auto: for each batch the fewest micro-batches (`rl.batching.micro_batch_count`)
     whose activations (rl/memory.py; `forward_only`: of a forward without autograd, the reference's) fit
     `memory_share` (trainer.micro_batch_memory) of the GPU memory free now (a colocated vLLM is asleep);
-    AUTO_MICRO_BATCH_CPU samples each on CPU."""
+    AUTO_MICRO_BATCH_CPU samples each on CPU. `max_tokens` (trainer.micro_batch_tokens): a fixed token budget per
+    micro-batch instead (packed: its total tokens; padded: rows x the longest), on any device."""
+    if max_tokens:
+        return [micro_batch_count(b, int(max_tokens), layout) for b in batches]
     free = free_memory_bytes(device)
     if free is None:
         return [-(-len(b) // AUTO_MICRO_BATCH_CPU) for b in batches]

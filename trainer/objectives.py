@@ -1,18 +1,33 @@
-"""Training objectives: the loss of one micro-batch from the trainer's logprobs and the batch.
+"""Training objectives: the loss of one micro-batch from the trainer's logprobs and the batch, the stats it sums and
+how the step reduces them into logged metrics, and what it needs from a sample.
 
-`algorithm.objective` picks one from `OBJECTIVES`. GRPO with the DeepSeek-V3.2 stabilisers is the one there is; an
-SFT or distillation objective plugs in as another function of the same shape (its stats keys are the ones
-`rl.metrics.TrainStatSums.add` reads) and a name in `OBJECTIVES`.
+`algorithm.objective` picks one from `OBJECTIVES`. Each is an `Objective` record:
+- `loss(logprobs, batch, acfg, norm) -> (loss, stats)`: the micro-batch's share of the mini-batch objective (`norm`
+  = the mini-batch's (sequences, loss tokens), `rl.batching.minibatch_norm`), with detached stats;
+- `sums(batch, stats) -> {key: tensor | number}`: what the micro-batch adds to the step's sums (`rl.metrics.
+  TrainStatSums` sums whatever it is given; tensors stay on the device until the step ends);
+- `metrics(sums, domains, mini_batches) -> {metric: value}`: the step's logged values from the ranks' summed sums
+  (`rl.metrics.trainer_metrics` adds the trainer's own: entropy, grad_norm, lr, ...);
+- `source`: where a step's samples come from: "rollouts" (the prompt mixture, rollout and reward workers) or
+  "dataset" (`algorithm.dataset`, no rollout or reward workers at all);
+- `needs`: what a sample must carry: "inference_logprobs" (pi_old from the engine), "advantages", "reference"
+  (reference logprobs where a domain has kl_coef > 0). A dataset row has none of these.
+
+GRPO with the DeepSeek-V3.2 stabilisers and SFT are the two there are; distillation plugs in as another record.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 
-from rl.losses import grpo_loss, truncated_is_weight
-from rl.trajectory import TrainBatch
+from rl.losses import grpo_loss, sft_loss, truncated_is_weight
+from rl.metrics import ratio
+from rl.trajectory import TrainBatch, host_to_device
+
+Sums = dict  # key -> a device tensor or a Python number, one micro-batch's share of the step's sums
 
 
 def grpo(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[int, int]) -> tuple[torch.Tensor, dict]:
@@ -49,5 +64,78 @@ def grpo(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[i
     return loss, stats
 
 
-Objective = Callable[[torch.Tensor, TrainBatch, Mapping, tuple[int, int]], tuple[torch.Tensor, dict]]
-OBJECTIVES: dict[str, Objective] = {"grpo": grpo}
+def grpo_sums(batch: TrainBatch, stats: dict) -> Sums:
+    """GRPO's sums of one micro-batch: its loss terms (fractions of the mini-batch's), clipped tokens, the truncated
+    importance weights (pi_old recomputed by the trainer), and per domain the sequences, those OPSM masked, and the
+    KL estimate of those with a reference (kl_coef > 0)."""
+    s: Sums = {"loss/pg": stats["pg_loss"], "loss/kl": stats["kl_loss"], "clip_tokens": stats["clip_tok_sum"]}
+    if "is_weight_sum" in stats:
+        s["is_weight_sum"], s["is_clip_sum"] = stats["is_weight_sum"], stats["is_clip_sum"]
+    masked, has_ref = ~stats["opsm_keep"], batch.kl_coef > 0
+    kl_seq = torch.where(has_ref, stats["kl_seq"], torch.zeros_like(stats["kl_seq"]))
+    for domain in sorted(set(batch.domains)):
+        rows = [i for i, d in enumerate(batch.domains) if d == domain]
+        s[f"seqs/{domain}"] = len(rows)
+        sel = host_to_device(torch.tensor(rows), masked.device)
+        s[f"opsm_masked/{domain}"] = masked[sel].sum()
+        s[f"kl_sum/{domain}"] = kl_seq[sel].sum()
+        s[f"kl_seqs/{domain}"] = has_ref[sel].sum()
+    return s
+
+
+def grpo_metrics(s: Mapping[str, float], domains: list[str], mini_batches: int) -> dict[str, float | None]:
+    """GRPO's logged values from the step's sums (every rank's, added up)."""
+    get = lambda k: s.get(k, 0.0)  # noqa: E731
+    m: dict[str, float | None] = {
+        # Micro-batch losses are fractions of their mini-batch's objective: sum, then average over mini-batches.
+        "loss/pg": get("loss/pg") / mini_batches,
+        "loss/kl": get("loss/kl") / mini_batches,
+        "clip_frac": ratio(s, "clip_tokens", "tokens"),
+        # algorithm.old_logprobs=trainer: the mean truncated importance weight pi_old/pi_inference and the share of
+        # tokens at the cap (null otherwise)
+        "tis/weight_mean": ratio(s, "is_weight_sum", "tokens") if "is_weight_sum" in s else None,
+        "tis/clip_frac": ratio(s, "is_clip_sum", "tokens") if "is_weight_sum" in s else None,
+        "opsm/masked_frac": sum(get(f"opsm_masked/{d}") for d in domains) / max(sum(get(f"seqs/{d}") for d in domains), 1),
+    }
+    for d in domains:
+        m[f"opsm/{d}/masked_frac"] = ratio(s, f"opsm_masked/{d}", f"seqs/{d}") if get(f"seqs/{d}") else None
+        # None (null in metrics.jsonl, absent in W&B) when the domain's kl_coef is 0: its reference is not run.
+        m[f"kl/{d}"] = ratio(s, f"kl_sum/{d}", f"kl_seqs/{d}") if get(f"kl_seqs/{d}") else None
+    return m
+
+
+def sft(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[int, int]) -> tuple[torch.Tensor, dict]:
+    """`rl.losses.sft_loss`: the per-token mean NLL of the assistant's tokens over the whole mini-batch."""
+    return sft_loss(logprobs, batch.loss_mask, norm_tokens=norm[1])
+
+
+def sft_sums(batch: TrainBatch, stats: dict) -> Sums:
+    """SFT's sums of one micro-batch: its share of the mini-batch's mean NLL, and its conversations."""
+    return {"loss/sft": stats["nll_loss"], "sft_seqs": batch.num_seqs}
+
+
+def sft_metrics(s: Mapping[str, float], domains: list[str], mini_batches: int) -> dict[str, float | None]:
+    """SFT's logged values: `loss/sft`, the per-token mean NLL of the assistant's tokens (the mean over the step's
+    mini-batches, each a per-token mean over its conversations), and `sft/tokens`, the loss tokens of the step."""
+    return {"loss/sft": s.get("loss/sft", 0.0) / mini_batches, "sft/tokens": s.get("tokens", 0.0)}
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    loss: Callable[[torch.Tensor, TrainBatch, Mapping, tuple[int, int]], tuple[torch.Tensor, dict]]
+    sums: Callable[[TrainBatch, dict], Sums]
+    metrics: Callable[[Mapping[str, float], list[str], int], dict[str, float | None]]
+    source: str  # "rollouts" | "dataset"
+    needs: frozenset[str] = frozenset()  # of "inference_logprobs", "advantages", "reference"
+
+
+GRPO = Objective("grpo", grpo, grpo_sums, grpo_metrics, source="rollouts",
+                 needs=frozenset({"inference_logprobs", "advantages", "reference"}))
+SFT = Objective("sft", sft, sft_sums, sft_metrics, source="dataset")
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in (GRPO, SFT)}
+
+
+def objective_of(cfg: Mapping) -> Objective:
+    """The run's objective (`algorithm.objective`, grpo when absent)."""
+    return OBJECTIVES[str(cfg["algorithm"].get("objective", "grpo"))]

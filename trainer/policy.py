@@ -23,7 +23,7 @@ from rl.config import (
     rollout_placement,
 )
 from rl.memory import activation_bytes, head_logit_bytes, micro_batch_tokens, should_checkpoint
-from rl.metrics import TrainStatSums
+from rl.metrics import TrainStatSums, forward_sums
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
 from trainer.dist import (
@@ -32,7 +32,7 @@ from trainer.dist import (
 )
 from trainer.forward import ForwardOut, PolicyForward, compile_layers, logit_scale, route_replay
 from trainer.profiling import profiled
-from trainer.objectives import OBJECTIVES
+from trainer.objectives import objective_of
 
 
 def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int, micro: int) -> dict:
@@ -124,6 +124,7 @@ class PolicyTrainer:
         # trainer.micro_batch_size=auto: each step is cut into the fewest micro-batches whose activations fit a share
         # of the free GPU memory (rl/memory.py), and the trainer marks DeepSpeed's accumulation boundary itself
         self.auto_micro = str(tcfg["micro_batch_size"]) == "auto"
+        self.micro_tokens = tcfg.get("micro_batch_tokens")  # with auto: a fixed token budget instead of the memory
         self.colocated = rollout_placement(cfg["rollout"]) == "colocated"
         self.engine_share = engine_memory_share(cfg["rollout"], engines_per_gpu(cfg))  # what colocated vLLM wakes into
         self.grad_accum = micro_batches_per_minibatch(cfg, world_size)
@@ -143,8 +144,10 @@ class PolicyTrainer:
         drop_per_gradient_overflow_check(self.engine.optimizer)
         if self.zero_stage == 3:
             self.engine.module.register_zero3_external_head()
-        self.objective = OBJECTIVES[str(acfg.get("objective", "grpo"))]
-        self.temperature = logprob_temperature(cfg["rollout"]) / scale
+        self.objective = objective_of(cfg)
+        # an engine's samples are scored at the temperature it sampled at; dataset rows at 1 (the model's own logits)
+        sampled_at = logprob_temperature(cfg["rollout"]) if self.objective.source == "rollouts" else 1.0
+        self.temperature = sampled_at / scale
         self.head = head_options(cfg)  # chunk size, float32 head, support-only head
         self.packed = pack_sequences(cfg)  # one unpadded row per micro-batch (trainer.pack_sequences)
         self.profile_step, self.steps_run = int(tcfg.get("profile_step") or 0), 0
@@ -188,23 +191,28 @@ class PolicyTrainer:
             self._auto_checkpointing(plan)
         sums["gradient_checkpointing"] = float(self.checkpointing)
         # algorithm.old_logprobs=trainer: pi_old is this policy's own logprob before the first update
-        old = self._recompute_old(plan) if self.cfg["algorithm"].get("old_logprobs") == "trainer" else None
+        recompute = self.cfg["algorithm"].get("old_logprobs") == "trainer" and "inference_logprobs" in self.objective.needs
+        old = self._recompute_old(plan) if recompute else None
         for mb_index, (micro, norm) in enumerate(zip(plan, norms)):
             with self._one_reduction():
                 for mc_index, chunk in enumerate(micro):
                     batch = collate(chunk, self.tokenizer.pad_token_id, self.packed).to(self.engine.device)
+                    if "inference_logprobs" in self.objective.needs and batch.inference_logprobs is None:
+                        raise ValueError(f"algorithm.objective={self.objective.name} needs the engine's logprobs of "
+                                         "each sample, and these samples have none (dataset rows)")
                     if old is not None:
                         batch.old_logprobs = old[mb_index][mc_index]
                     with route_replay(self.model, batch, self.keep_routing) as replay:
                         out = self._forward(batch, with_entropy=True)
-                        loss, stats = self.objective(out.logprobs, batch, self.cfg["algorithm"], norm)
+                        loss, stats = self.objective.loss(out.logprobs, batch, self.cfg["algorithm"], norm)
                         if self.auto_micro and not self.coalesce:  # before backward: ZeRO's gradient hooks read it
                             self.engine.set_gradient_accumulation_boundary(mc_index == len(micro) - 1)
                         self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
                     if not self.coalesce:
                         self.engine.step()
                     routing = replay.device_counts()  # read with the other sums, once the step is done
-                    stat_sums.add(batch, out, stats, routing, first_minibatch=mb_index == 0)
+                    stat_sums.add(forward_sums(batch, out, routing, first_minibatch=mb_index == 0))
+                    stat_sums.add(self.objective.sums(batch, stats))
             if self.coalesce:  # the mini-batch's gradients were reduced as the block ended: its one update
                 self.engine.set_gradient_accumulation_boundary(True)
                 self.engine.step()
@@ -236,11 +244,11 @@ class PolicyTrainer:
 
     def _auto_micro_batches(self, minibatches: list[list[Trajectory]], layout: str) -> list[list[list[Trajectory]]]:
         """trainer.micro_batch_size=auto: each mini-batch in as few micro-batches as the free GPU memory allows
-        (`trainer.dist.auto_micro_batch_counts`). Every rank runs the same count (the largest any rank needs: ZeRO
+        (`trainer.dist.auto_micro_batch_counts`), or as trainer.micro_batch_tokens allows when set. Every rank runs the same count (the largest any rank needs: ZeRO
         reduces gradients every micro-step)."""
         counts = auto_micro_batch_counts(minibatches, layout, self.engine.device, self.model.config,
                                          self.cfg["model"]["dtype"], self.head,
-                                         micro_batch_memory(self.cfg))
+                                         micro_batch_memory(self.cfg), max_tokens=self.micro_tokens)
         if self.world_size > 1:
             n = torch.tensor(counts + [-len(t) for t in minibatches], device=self.engine.device, dtype=torch.long)
             torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)

@@ -1,7 +1,8 @@
 """Agent environments: <environment, tools, task, verifier> (the DeepSeek-V3.2 agent recipe's format).
 
 An environment is a directory (bundled ones are `rollout/envs/<name>/`):
-  env.yaml     name, description (one paragraph for the system prompt), limits (tool_timeout_s, max_output_chars),
+  env.yaml     name, description (one paragraph for the system prompt), limits (tool_timeout_s, max_output_chars,
+               max_stuck_calls),
                submit_tool (default submit_result), database (the bundled files its SQLite database is built from;
                leave it out for no database), and any keys of its own (tools read them as `state.config`).
   env.py       TOOLS: the tools, typed functions `fn(state, arg: T, ...)` with Google-style docstrings (their JSON
@@ -21,11 +22,14 @@ may change lives in its `State`.
 
 Session.call never raises. Bad input is answered as a result the model can read: an unknown tool, arguments that
 violate the schema (each violation named), a tool that raised (`ToolError` for expected failures: the message is
-shown as is), a tool past its deadline (pure-Python tools run in a worker thread and the caller stops waiting;
-the thread cannot be killed, so it keeps the session's lock until it returns and later calls of that episode time
-out too, rather than see a half-updated state), output over `max_output_chars` (cut in the middle with a marker),
-a second submit (the first one counts). Tools marked `@own_timeout` (the code interpreter) enforce
-`state.timeout_s` themselves by killing their process; the session then waits a grace period longer.
+shown as is), output over `max_output_chars` (cut in the middle with a marker), a second submit (the first one
+counts). A tool past its deadline is stopped (each call runs in a thread of its own, ended at the deadline by
+rollout/envs/stoppable.py; a thread blocked inside a C call ends only when that call returns): its call is a
+timeout, and since the episode's state may be half-updated the session is spent: every later call of the episode
+is an error naming the stopped call (`Session.stopped`; the agent loop ends the episode, reason `tool_timeout`).
+While `limits.max_stuck_calls` stopped threads of an environment are still alive (blocked in C), its new calls fail
+at once instead of adding to them. Tools marked `@own_timeout` (the code interpreter) enforce `state.timeout_s`
+themselves by killing their process; the session then waits a grace period longer before it stops them.
 """
 
 from __future__ import annotations
@@ -47,9 +51,10 @@ from pathlib import Path
 import yaml
 
 from rollout.envs.schema import tool_schema, validate_arguments
+from rollout.envs.stoppable import ToolThread, stuck
 
 ENVS_DIR = Path(__file__).resolve().parent
-DEFAULT_LIMITS = {"tool_timeout_s": 10.0, "max_output_chars": 4000}
+DEFAULT_LIMITS = {"tool_timeout_s": 10.0, "max_output_chars": 4000, "max_stuck_calls": 8}
 OWN_TIMEOUT_GRACE_S = 10.0  # process start-up and teardown on top of a self-timed tool's own limit
 DB_FORMAT_VERSION = 1  # part of the database cache key: bump when the building in this file changes
 STATUSES = ("ok", "error", "bad_args", "unknown_tool", "timeout")
@@ -115,6 +120,7 @@ class Session:
         self.state = State(task, env.open_db(), env.config, env.env_dir)
         self._lock = threading.Lock()  # one tool at a time touches the state, whoever called
         self._closed = False
+        self._stopped: str | None = None
         init = getattr(env.module, "init_state", None)
         if init is not None:
             try:
@@ -126,6 +132,11 @@ class Session:
     @property
     def submission(self) -> object | None:
         return self.state.submission
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the session is spent (a call was stopped at its deadline), or None."""
+        return self._stopped
 
     def call(self, name: str, args: dict, timeout_s: float | None = None) -> ToolResult:
         t0 = time.perf_counter()
@@ -139,6 +150,8 @@ class Session:
     def _call(self, name, args, timeout_s):
         if self._closed:
             return "error", "Error: this episode's session is closed.", None, False
+        if self._stopped:
+            return "error", f"Error: {name!r:.80} was not run: {self._stopped}.", None, False
         tools = self.env.tools
         if not isinstance(name, str) or name not in tools:
             return ("unknown_tool", f"Unknown tool {str(name)[:80]!r}. Available tools: {', '.join(tools)}.",
@@ -153,48 +166,70 @@ class Session:
     def _run(self, name, fn, args, timeout):
         is_submit = name == self.env.submit_tool
         wait = timeout + (OWN_TIMEOUT_GRACE_S if getattr(fn, "own_timeout", False) else 0.0)
-        done, cancelled, out = threading.Event(), threading.Event(), {}
+        cap = int(self.env.limits["max_stuck_calls"])
+        if stuck(self.env) >= cap:
+            return ("error", f"Error: {name} was not run: {cap} earlier calls of this environment were stopped at "
+                    "their deadline but are still blocked, and no more may pile up. Try again later.", None, False)
+        submission = None
+        if is_submit:  # worked out here: nothing that could be stopped runs between the tool and its recording
+            params = list(self.env.schema_of(name)["function"]["parameters"]["properties"])
+            submission = args.get(params[0]) if len(params) == 1 else dict(args)
+        mutex = threading.Lock()  # the caller and the tool's thread agree under it on which of them decided
+        flags = {"cancelled": False, "started": False, "finished": False}
+        out = {}
 
-        def work():
+        def body(call):
+            if not self._lock.acquire(timeout=wait):
+                out["busy"] = True  # the caller's wait may end just after this one: it must see why
+                return
             try:
-                if not self._lock.acquire(timeout=wait):
-                    out["busy"] = True  # the caller's wait may end just after this one: it must see why
-                    return
-                try:
-                    if cancelled.is_set():
+                with mutex:  # no call inside: a stop cannot land in here
+                    if flags["cancelled"]:
                         return
                     if is_submit and self.state.submitted:
-                        out["already"] = True
+                        out["already"] = flags["finished"] = True
                         return
-                    self.state.timeout_s = timeout
-                    out["started"] = True
-                    out["value"] = fn(self.state, **args)
-                    if is_submit:  # recorded under the lock: of two concurrent submits, exactly one counts
-                        params = list(self.env.schema_of(name)["function"]["parameters"]["properties"])
-                        self.state.submission = args.get(params[0]) if len(params) == 1 else dict(args)
+                    flags["started"] = True
+                self.state.timeout_s = timeout
+                try:
+                    out["value"] = call.invoke(fn, self.state, **args)
+                except ToolTimeout as exc:
+                    out["tool_timeout"] = str(exc)
+                except ToolError as exc:
+                    out["tool_error"] = str(exc)
+                except BaseException as exc:  # noqa: BLE001 - SystemExit from a tool included: it is the tool's error
+                    out["exception"] = exc
+                with mutex:
+                    if flags["cancelled"]:
+                        return  # stopped: whatever it did is not recorded
+                    if is_submit and "value" in out:  # under the session's lock: of two submits, exactly one counts
+                        self.state.submission = submission
                         self.state.submitted = out["final"] = True
-                finally:
-                    self._lock.release()
-            except ToolTimeout as exc:
-                out["tool_timeout"] = str(exc)
-            except ToolError as exc:
-                out["tool_error"] = str(exc)
-            except BaseException as exc:  # noqa: BLE001 - SystemExit from a tool included: it is the tool's error
-                out["exception"] = exc
+                    flags["finished"] = True
             finally:
-                done.set()
+                self._lock.release()
 
-        threading.Thread(target=work, name=f"tool-{name}", daemon=True).start()
-        finished = done.wait(wait)
-        if not finished or "busy" in out:
-            cancelled.set()
-            if self.state.db is not None:
-                self.state.db.interrupt()  # a query that runs away stops at its next step
-            if not out.get("started"):
+        call = ToolThread(name, body, self.env)
+        call.start()
+        if not call.done.wait(wait):
+            with mutex:
+                late = flags["finished"]  # it finished while we gave up: its result stands
+                flags["cancelled"] = not late
+                started = flags["started"]
+            if not late and not started:
                 return ("timeout", f"Timed out after {timeout:g} s: the tool {name} did not start, because an "
                         "earlier call of this episode is still running.", None, False)
-            return ("timeout", f"Timed out after {timeout:g} s: the tool {name} did not finish; its result is lost.",
-                    None, False)
+            if not late:
+                self._stopped = (f"{name} was stopped at its {timeout:g} s deadline and may have left the episode's "
+                                 "state half-updated, so no tool of this episode runs any more")
+                call.stop()
+                if self.state.db is not None:
+                    self.state.db.interrupt()  # a query that runs away stops at its next step
+                return ("timeout", f"Timed out after {timeout:g} s: the tool {name} did not finish and was stopped; "
+                        "its result is lost, and no tool of this episode runs any more.", None, False)
+        if "busy" in out:
+            return ("timeout", f"Timed out after {timeout:g} s: the tool {name} did not start, because an "
+                    "earlier call of this episode is still running.", None, False)
         if "already" in out:
             return ("error", f"Error: {name} was already called; the first submission counts and this one is "
                     "ignored.", None, False)

@@ -12,6 +12,11 @@ then runs the new cell (REPL-style: a final expression's value is printed). Cost
 - when the process dies (the time limit: the sandbox kills the process group; a CPU, memory or forbidden-operation
   kill; or an exit in the cell) the REPL restarts empty, and the tool result says that earlier state is lost;
 - files a cell writes exist again in later calls only because the cell that wrote them is replayed.
+
+The sandbox's settings are the run's `rewards.code` (isolation requirement, allowed packages, network namespace,
+write quota: `state.config["code_sandbox"]`, set by the rollout worker) with this environment's per-call resources
+(env.yaml `sandbox`) and the tool timeout as its time limits: one construction, `sandbox_limits_from_config`, as
+for the code reward.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ import secrets
 from typing import Annotated
 
 from rewards.rule_rewards import normalize_short_answer
-from rewards.sandbox import SandboxIsolationError, SandboxLimits, run_program
+from rewards.sandbox import SandboxIsolationError, SandboxLimits, run_program, sandbox_limits_from_config
 from rollout.envs.base import ToolError, ToolTimeout, own_timeout
 
 MAX_CODE_CHARS = 20_000
-DIED = ("timeout", "cpu_limit", "memory", "output_limit", "forbidden", "killed", "runtime_error")
+DIED = ("timeout", "cpu_limit", "memory", "output_limit", "write_limit", "forbidden", "killed", "runtime_error")
+# What env.yaml's `sandbox` block may set: a call's resources. Isolation policy is the run's (rewards.code) only.
+OWN_SANDBOX_KEYS = ("memory_mb", "output_bytes", "max_procs", "max_write_mb")
 
 # The sandboxed program. Markers carry a random token per call, so a cell cannot fake the driver's verdict by
 # accident (it could read it from the program file; the worst it gains is having its own cell replayed).
@@ -126,10 +133,13 @@ def init_state(state):
 
 
 def _limits(state) -> SandboxLimits:
-    box = state.config.get("sandbox", {})
-    return SandboxLimits(wall_s=state.timeout_s, cpu_s=int(math.ceil(state.timeout_s)) + 1,
-                         memory_mb=int(box.get("memory_mb", 1024)), output_bytes=int(box.get("output_bytes", 1 << 20)),
-                         max_procs=int(box.get("max_procs", 8)))
+    own = dict(state.config.get("sandbox") or {})
+    unknown = sorted(set(own) - set(OWN_SANDBOX_KEYS))
+    if unknown:
+        raise ToolError(f"env.yaml sandbox: unknown key(s) {unknown}; allowed: {list(OWN_SANDBOX_KEYS)} (the "
+                        "isolation settings come from rewards.code)")
+    return sandbox_limits_from_config(state.config.get("code_sandbox"), **own, wall_s=state.timeout_s,
+                                      cpu_s=int(math.ceil(state.timeout_s)) + 1)
 
 
 def _restart(state, why: str, partial: str) -> str:

@@ -1,0 +1,191 @@
+"""Where each step's samples come from: the loop's sample source, chosen by the objective (`Objective.source`,
+trainer/objectives.py).
+
+- `RolloutSource` (GRPO): prompts (domain mixture) -> rollout (G samples each) -> rewards -> GRPO advantages ->
+  [reference logprobs]; after the update, the weight sync to the rollout workers and the held-out eval.
+  `rollout.max_staleness` = 1 lets the next step's rollout run while this step trains. Its samples then come from
+  weights one update old; pi_old is still the engine's, and OPSM covers the drift. The weight sync waits for that
+  rollout to end (`time/rollout_wait`: how long the trainer waited for the rollout GPUs).
+- `DatasetSource` (SFT): the next `algorithm.samples_per_step` conversations of `algorithm.dataset`, epoch after
+  epoch in a seeded order (rl/sft_data.py); no rollout, reward or reference workers exist.
+
+A source: `start(cluster, tracker, total_steps)`; per step `take(step, times) -> StepSamples` (its phases' seconds go
+into `times`), `after_update(step, times) -> metrics` (of the step's samples, once the policy is updated) and
+`step_metrics(step, times)`; `state_dict()` / `load_state_dict()`: the data position a checkpoint resumes from;
+`domains`: the domain names the objective's metrics are per.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from launch.cluster import Cluster
+from rewards.compose import required_fields
+from rl.advantages import assign_advantages, attach_domain_coefficients
+from rl.data import EvalPrompts, PromptMixture
+from rl.metrics import eval_metrics, rollout_metrics, step_metrics
+from rl.sft_data import ConversationDataset, load_conversations
+from rl.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def timed(times: dict, name: str):
+    start = time.perf_counter()
+    yield
+    times[f"time/{name}"] = time.perf_counter() - start
+
+
+@dataclass
+class StepSamples:
+    trajs: list[Trajectory]
+    ref_trajs: list[Trajectory] = field(default_factory=list)  # the samples the reference model scored
+
+
+def make_source(cfg: dict, source: str, tokenizer):
+    """The run's sample source ("rollouts" | "dataset"); its data is loaded and checked here, before any actor."""
+    return DatasetSource(cfg, tokenizer) if source == "dataset" else RolloutSource(cfg, tokenizer)
+
+
+class RolloutSource:
+    def __init__(self, cfg: dict, tokenizer):
+        self.cfg, domains = cfg, cfg["domains"]
+        self.domains = list(domains)
+        self.parts = {d: [p.get("label", p["name"]) for p in spec["rewards"]] for d, spec in domains.items()}
+        self.agents = [d for d, spec in domains.items() if spec.get("agent")]
+        needed = {d: required_fields(spec["rewards"]) for d, spec in domains.items()}
+        data = dict(max_prompt_tokens=cfg["data"]["max_prompt_tokens"], required_fields=needed,
+                    chat_template_kwargs=cfg["data"].get("chat_template_kwargs"))
+        self.mixture = PromptMixture(domains, tokenizer, seed=cfg["seed"], **data)
+        self.ev = cfg.get("eval") or {}
+        self.evals = held_out_prompts(self.ev, domains, tokenizer, data)
+        self.in_flight: deque = deque()  # (step, mixture state before its prompts, weight version, pending rollout)
+        self.warned_no_signal = False
+
+    def start(self, cluster: Cluster, tracker, total: int) -> None:
+        self.cluster, self.tracker, self.total = cluster, tracker, total
+
+    def _submit(self, step: int) -> None:
+        data_state = self.mixture.state_dict()
+        prompts = self.mixture.next_batch(int(self.cfg["data"]["prompts_per_step"]))
+        for i, p in enumerate(prompts):
+            p["group_id"] = f"s{step}-p{i}"
+        self.in_flight.append((step, data_state, step - 1 - len(self.in_flight),
+                               self.cluster.submit_rollout(prompts, step)))
+
+    def take(self, step: int, times: dict) -> StepSamples:
+        with timed(times, "rollout"):
+            while (len(self.in_flight) <= int(self.cfg["rollout"].get("max_staleness") or 0)
+                   and step + len(self.in_flight) <= self.total):
+                self._submit(step + len(self.in_flight))
+            _, _, self.version, pending = self.in_flight.popleft()
+            scoring = self.cluster.collect_rollout(pending)  # shares are scored as they arrive
+        times["time/generate"] = pending.generation_seconds()  # the workers' part, also when it overlapped training
+        with timed(times, "reward"):  # what scoring is left once the last share is generated
+            self.trajs = scoring.collect()
+        assign_advantages(self.trajs, self.cfg["algorithm"]["normalize_adv_std"])
+        attach_domain_coefficients(self.trajs, self.cfg["domains"])
+        need_ref = [tr for tr in self.trajs if tr.kl_coef > 0]
+        times["time/ref"] = 0.0  # the reference is not run at all when every sample's kl_coef is 0
+        if need_ref:
+            with timed(times, "ref"):
+                for tr, lp in zip(need_ref, self.cluster.ref_logprobs(need_ref)):
+                    tr.ref_logprobs = lp
+        return StepSamples(self.trajs, need_ref)
+
+    def after_update(self, step: int, times: dict) -> dict:
+        """Weight sync (after the next rollout, if one is in flight, has ended), rollout metrics, held-out eval."""
+        if self.in_flight:  # the next rollout ends on the weights it started with before the new ones load
+            with timed(times, "rollout_wait"):
+                self.in_flight[0][3].wait_generated()
+        with timed(times, "sync"):
+            times.update({f"time/sync_{part}": s for part, s in self.cluster.sync_weights().items()})
+        metrics = rollout_metrics(self.trajs, self.parts, staleness=step - 1 - self.version, agent_domains=self.agents)
+        if self.evals is not None and (step % int(self.ev["every"]) == 0 or step == self.total):
+            with timed(times, "eval"):
+                metrics.update(evaluate(self.cluster, self.evals, self.ev, self.parts, step, self.tracker))
+        self.tracker.save_rollouts(f"step_{step:06d}", self.trajs)
+        if metrics["advantage/zero_variance_group_frac"] == 1.0 and not self.warned_no_signal:
+            self.warned_no_signal = True
+            log.warning("step %d: in every group all samples got the same reward, so every advantage is 0 and this "
+                        "step learned nothing (greedy sampling, a constant reward, or tasks too easy/hard for all "
+                        "samples); advantage/zero_variance_group_frac tracks it every step", step)
+        return metrics
+
+    def step_metrics(self, step: int, times: dict) -> dict:
+        generated = sum(tr.num_generated_tokens for tr in self.trajs)
+        return step_metrics(step, times, generated, self.mixture.skipped_too_long)
+
+    def state_dict(self) -> dict:
+        """The data position to resume from: before the prompts of rollouts still in flight."""
+        return self.in_flight[0][1] if self.in_flight else self.mixture.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mixture.load_state_dict(state)
+
+
+class DatasetSource:
+    """SFT: each step the next `algorithm.samples_per_step` conversations (rl/sft_data.py), rendered and tokenised
+    as they are drawn (`time/data`)."""
+
+    domains: list[str] = []
+
+    def __init__(self, cfg: dict, tokenizer):
+        a = cfg["algorithm"]
+        self.data = ConversationDataset(load_conversations(a["dataset"]), tokenizer, seed=cfg["seed"],
+                                        max_tokens=a["max_tokens"], chat_template_kwargs=a.get("chat_template_kwargs"))
+        self.n = int(a["samples_per_step"])
+
+    def start(self, cluster: Cluster, tracker, total: int) -> None:
+        pass
+
+    def take(self, step: int, times: dict) -> StepSamples:
+        with timed(times, "data"):
+            self.trajs = self.data.next_batch(self.n)
+        return StepSamples(self.trajs)
+
+    def after_update(self, step: int, times: dict) -> dict:
+        """Where the data stands: epochs drawn (fractional), conversations cut at algorithm.max_tokens so far."""
+        return {"sft/epoch": self.data.epoch, "sft/truncated": float(self.data.truncated)}
+
+    def step_metrics(self, step: int, times: dict) -> dict:
+        return {"step": step, **times}
+
+    def state_dict(self) -> dict:
+        return self.data.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.data.load_state_dict(state)
+
+
+def held_out_prompts(ev: dict, domains: dict, tokenizer, data: dict) -> EvalPrompts | None:
+    """The eval set, or None when evaluation is off (`eval.every: 0`) or has nothing to evaluate (warned)."""
+    if not ev.get("every"):
+        return None
+    evals = EvalPrompts(domains, tokenizer, max_prompts=int(ev.get("max_prompts") or 64), **data)
+    if not evals.requests:
+        log.warning("eval.every=%s but no domain has an eval_dataset (or every eval prompt is too long): no evaluation "
+                    "runs", ev["every"])
+        return None
+    return evals
+
+
+def evaluate(cluster: Cluster, evals: EvalPrompts, ev: dict, parts: dict, step: int, tracker) -> dict:
+    """Held-out evaluation with the current weights: k samples per prompt, scored by each domain's rewards."""
+    k = int(ev.get("n_samples") or 4)
+    overrides = {"n_samples": k, "temperature": ev.get("temperature"), "top_p": ev.get("top_p"),
+                 "top_k": ev.get("top_k")}
+    # sleep=False: the engine keeps the weights just synced for the next step's rollout (a level-2 sleep drops them)
+    # group ids unique per evaluation, as training's are per step (rewards.worker matches early-scored samples by
+    # group id and response)
+    requests = [{**r, "group_id": f"{r['group_id']}-step{step}"} for r in evals.requests]
+    pending = cluster.submit_rollout(requests, 10**6 + step, overrides)
+    trajs = cluster.collect_rollout(pending, sleep=False).collect()
+    tracker.save_rollouts(f"eval_step_{step:06d}", trajs)
+    outcome = {d: parts[d][0] for d in evals.domains}
+    return eval_metrics(trajs, k, outcome, float(ev.get("pass_threshold", 1.0)))

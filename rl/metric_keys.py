@@ -1,0 +1,160 @@
+"""Every key a training step logs, with when it has a value and what it means: the table in README's "Metrics".
+
+`python -m rl.metric_keys` prints the table; tests/test_metric_keys.py checks that the README holds exactly that
+table, that every key the metric functions produce matches one row, and that a real run's keys (the README's main
+job) match rows and cover every row the embedded default can log. A key added to the code without a row here fails
+those tests, so the table cannot drift from what runs.
+
+Placeholders: <d> a domain, <part> a reward part's label, <tool> one of an agent environment's tools,
+<status> a tool call's status, <reason> an episode's termination reason, <piece> a part of the vLLM weight sync.
+
+The rows are those of an RL run (algorithm.objective=grpo, which "every step" means); an SFT run
+(algorithm.objective=sft) logs the rows marked SFT and the objective-free ones (step, entropy/*, grad_norm, lr,
+time/step, time/train, the train throughput and perf rows, memory/*).
+
+What a step without a value shows: `metrics.jsonl` holds every key on every step, null where the step has no value
+for it (a domain that drew no prompt, a reference that was not run); W&B leaves nulls out, so its chart has a gap
+there, and a key that is null on every step of a run (`kl/<d>` of a domain with `kl_coef` 0, `memory/*` on CPU,
+`tis/*` with the engine's logprobs as pi_old) has no chart in W&B at all. The exceptions are marked "sparse":
+counts that appear only on steps where they are not zero.
+"""
+
+from __future__ import annotations
+
+import re
+
+# (pattern, when it has a value, meaning). `when`: "every step", or the condition; "null ..." says when it is null.
+KEYS: list[tuple[str, str, str]] = [
+    ("step", "every step", "the RL step (from 1); the x-axis of every chart"),
+    ("reward/mean", "every step", "mean total reward (the weighted sum of a sample's parts) over the step's samples"),
+    ("reward/std", "every step", "standard deviation of the total reward over the step's samples"),
+    ("reward/<d>/mean", "null when the step drew no prompt of <d>", "mean total reward of the domain's samples"),
+    ("reward/<d>/<part>", "null when the step drew no prompt of <d>", "mean unweighted score of one reward part"),
+    ("reward/failed_frac", "every step", "share of samples with a reward part that raised or timed out (scored 0, "
+     "trained with advantage 0 outside its group's baseline)"),
+    ("reward/with_reason_frac", "every step", "share of samples scored with a reason: failures and expected zeros "
+     "such as 'no code block'"),
+    ("samples/<d>", "every step", "samples of the domain in the step (0 when it drew no prompt of it)"),
+    ("prompt_length/mean", "every step", "mean prompt tokens"),
+    ("response_length/mean", "every step", "mean generated tokens of a sample (tool output of an episode not counted)"),
+    ("response_length/max", "every step", "most generated tokens of one sample"),
+    ("response_length/truncated_frac", "every step", "share of samples cut at the token limit (finish reason length)"),
+    ("response_length/<d>/mean", "null when the step drew no prompt of <d>", "mean generated tokens per domain"),
+    ("advantage/abs_mean", "every step", "mean |advantage| over the step's samples (0: nothing to learn from)"),
+    ("advantage/zero_variance_group_frac", "every step", "share of groups whose samples all got the same reward: "
+     "their advantages are 0"),
+    ("rollout/kept_set_cut_frac", "every step", "share of response tokens whose kept set (Keep Sampling Mask) the "
+     "engine could not record completely; they are left out of the loss"),
+    ("rollout/staleness", "every step", "weight updates between the sampling weights and the trained ones"),
+    ("loss/pg", "every step", "policy-gradient loss, the mean over mini-batches"),
+    ("loss/kl", "every step", "the KL term of the loss (beta times the K3 estimate), the mean over mini-batches"),
+    ("kl/<d>", "null when the domain's kl_coef is 0 (its reference is not run) or it drew no prompt",
+     "the domain's K3 KL estimate per sequence against the reference"),
+    ("clip_frac", "every step", "share of loss tokens whose ratio was clipped"),
+    ("entropy/kept_set", "every step", "entropy of the distribution the loss is under (the renormalised kept set with "
+     "Keep Sampling Mask, else the full vocabulary)"),
+    ("entropy/full_vocab", "every step", "entropy over the full vocabulary (what verl and slime call entropy; with "
+     "the support head, over every 8th token)"),
+    ("opsm/masked_frac", "every step", "share of sequences whose policy-gradient term off-policy sequence masking "
+     "dropped"),
+    ("opsm/<d>/masked_frac", "null when the step drew no prompt of <d>", "the same per domain"),
+    ("mismatch/logprob_abs", "every step", "mean |log pi_old (engine) - log pi_theta (trainer)| before the step's "
+     "first update"),
+    ("mismatch/routing_frac", "every step", "share of MoE routing decisions the trainer's router would take "
+     "differently (0 for dense models)"),
+    ("tis/weight_mean", "null unless algorithm.old_logprobs=trainer", "mean truncated importance weight "
+     "pi_old / pi_inference"),
+    ("tis/clip_frac", "null unless algorithm.old_logprobs=trainer", "share of tokens at the importance-weight cap"),
+    ("grad_norm", "every step", "gradient norm before clipping, the mean over optimizer steps"),
+    ("lr", "every step", "learning rate of the step"),
+    ("time/step", "every step", "seconds of the whole step but writing its metrics and checkpoint"),
+    ("time/rollout", "every step", "seconds the loop waited for the rollout (only the collection when "
+     "rollout.max_staleness=1)"),
+    ("time/generate", "every step", "the rollout workers' seconds on the step's samples, also when that overlapped "
+     "the step before"),
+    ("time/reward", "every step", "scoring left after the last sample was generated"),
+    ("time/ref", "every step", "seconds of the reference model's forward (0 when no sample has a KL term)"),
+    ("time/train", "every step", "seconds of the policy update"),
+    ("time/sync", "every step", "seconds of the weight sync to the rollout engines"),
+    ("time/sync_<piece>", "vLLM only", "parts of the vLLM weight sync: wake (workers wake their weights), send (the "
+     "trainer sends), send_rank (a rank's own share of it), finish (workers finish and wake the KV cache)"),
+    ("time/rollout_wait", "rollout.max_staleness=1, not on the last step", "the trainer's wait for the next "
+     "rollout to end before the weight sync"),
+    ("time/eval", "eval steps", "seconds of the held-out evaluation"),
+    ("time/tools", "null when the step drew no prompt of an agent domain", "the slowest rollout worker's wall time "
+     "in tool calls"),
+    ("throughput/tokens_per_s", "every step", "generated tokens per second of the step"),
+    ("throughput/rollout_tokens_per_s", "every step", "generated tokens per second of time/generate"),
+    ("throughput/train_tokens_per_s", "every step", "prompt + response tokens per second of time/train"),
+    ("throughput/ref_tokens_per_s", "steps that ran the reference", "prompt + response tokens per second of "
+     "time/ref"),
+    ("perf/train_tflops_per_gpu", "every step", "model FLOPs of the transformer body per second of time/train, per "
+     "GPU (rl/flops.py)"),
+    ("perf/ref_tflops", "steps that ran the reference", "the same for the reference's forward"),
+    ("perf/mfu", "GPU, with a known peak (trainer.peak_tflops)", "perf/train_tflops_per_gpu over the GPU's dense "
+     "bf16 peak"),
+    ("perf/gradient_checkpointing", "every step", "1 when the step recomputed activations (the share of ranks)"),
+    ("perf/micro_batches", "every step", "micro-batches per mini-batch on a rank"),
+    ("memory/trainer_free_gib", "null on CPU", "GPU memory the trainer could allocate as the train phase started "
+     "(what micro_batch_size=auto sizes from), GiB, the mean over ranks"),
+    ("memory/others_gib", "null on CPU", "GPU memory outside the trainer's allocator (a colocated vLLM asleep, the "
+     "reference, CUDA contexts, NCCL buffers)"),
+    ("memory/trainer_peak_gib", "null on CPU", "the most the train phase allocated"),
+    ("data/skipped_long_prompts", "every step", "prompts skipped so far for being longer than "
+     "data.max_prompt_tokens"),
+    ("episode/<d>/turns", "null when the step drew no prompt of agent domain <d>", "mean model turns per episode"),
+    ("episode/<d>/tool_calls", "null when the step drew no prompt of agent domain <d>", "mean tool calls per "
+     "episode"),
+    ("episode/<d>/generated_tokens", "null when the step drew no prompt of agent domain <d>", "mean tokens the "
+     "model generated per episode"),
+    ("episode/<d>/tool_tokens", "null when the step drew no prompt of agent domain <d>", "mean tokens of tool "
+     "results per episode"),
+    ("episode/<d>/tool_latency_s", "null when the step drew no prompt of agent domain <d>", "mean seconds of one "
+     "tool call"),
+    ("episode/<d>/success", "null when the step drew no prompt of agent domain <d>", "mean verifier score of the "
+     "episodes (the domain's environment's verifier)"),
+    ("episode/<d>/termination/<reason>", "null when the step drew no prompt of agent domain <d>", "share of episodes "
+     "that ended so: submitted, answer, max_turns, length, tool_timeout, error"),
+    ("episode/<d>/calls/<tool>/<status>", "sparse: steps with such calls", "tool calls of that tool and status "
+     "(ok, error, bad_args, unknown_tool, timeout, skipped) in the step; calls of tools the environment does not "
+     "have count under the tool name _unknown"),
+    ("loss/sft", "SFT", "per-token mean negative log-likelihood of the assistant's tokens (the mean over "
+     "mini-batches)"),
+    ("sft/tokens", "SFT", "loss tokens (assistant tokens) of the step"),
+    ("sft/epoch", "SFT", "epochs of the dataset drawn so far (fractional)"),
+    ("sft/truncated", "SFT", "conversations cut at algorithm.max_tokens so far"),
+    ("time/data", "SFT", "seconds spent drawing, rendering and tokenising the step's conversations"),
+    ("eval/k", "eval steps", "samples per held-out prompt (eval.n_samples)"),
+    ("eval/<d>/mean@k", "eval steps", "mean reward of all held-out samples of the domain"),
+    ("eval/<d>/pass@k", "eval steps", "share of held-out prompts with at least one passing sample"),
+    ("eval/<d>/pass@1", "eval steps", "share of passing held-out samples"),
+    ("eval/<d>/prompts", "eval steps", "held-out prompts evaluated"),
+]
+
+_PLACEHOLDER = re.compile(r"<[a-z]+>")
+
+
+def _regex(pattern: str) -> re.Pattern:
+    parts = _PLACEHOLDER.split(pattern)
+    # <part> and <tool> are names of the user's choosing: one path segment each, like every placeholder.
+    return re.compile("^" + "[^/]+".join(re.escape(p) for p in parts) + "$")
+
+
+_COMPILED = [(pattern, _regex(pattern)) for pattern, _, _ in KEYS]
+
+
+def row_of(key: str) -> str | None:
+    """The pattern of KEYS that `key` is an instance of (the most specific when several match), else None."""
+    hits = [pattern for pattern, rx in _COMPILED if rx.match(key)]
+    return min(hits, key=lambda p: len(_PLACEHOLDER.findall(p))) if hits else None
+
+
+def markdown_table() -> str:
+    lines = ["| key | has a value | meaning |", "|---|---|---|"]
+    code = lambda text: _PLACEHOLDER.sub(lambda m: f"`{m.group(0)}`", text)  # noqa: E731 - <d> is no HTML tag
+    lines += [f"| `{pattern}` | {code(when)} | {code(meaning)} |" for pattern, when, meaning in KEYS]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

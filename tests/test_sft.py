@@ -1,0 +1,371 @@
+"""SFT (issue 35, first slice): the assistant-only loss mask of a rendered chat, the SFT loss against a reference
+cross-entropy in float64, packed == padded, the dataset source's order and resume, the objective seam's metrics, the
+config refusals, and `python -m launch.sft +experiment=sft` end to end (slow)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rl.losses import sft_loss
+from rl.metrics import TrainStatSums, forward_sums, trainer_metrics
+from rl.models import BUNDLED_DIR, load_causal_lm, load_tokenizer
+from rl.sft_data import ConversationDataset, assistant_spans, drop_nulls, load_conversations, render_conversation
+from rl.trajectory import Trajectory, collate
+from trainer.forward import ForwardOut, forward_logprobs
+from trainer.objectives import GRPO, OBJECTIVES, SFT
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED = {"path": "bundled:sft.jsonl", "columns": {"messages": "messages", "tools": "tools"}}
+LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "Look a key up.", "parameters": {
+    "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
+TOOL_CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is stored under alpha?"},
+    {"role": "assistant", "content": "", "reasoning_content": "I should look it up.",
+     "tool_calls": [{"type": "function", "function": {"name": "lookup", "arguments": "{\"key\": \"alpha\"}"}}]},
+    {"role": "tool", "content": "17"},
+    {"role": "assistant", "content": "The value is 17."},
+]
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) of each run of ones."""
+    edges = np.diff(np.concatenate([[0], mask.astype(int), [0]]))
+    return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)))
+
+
+# ------------------------------------------------------------------------------------------------- the loss mask
+def test_the_mask_is_exactly_the_assistant_turns_with_a_tool_call_and_result(tiny_moe_path):
+    """Embedded tokenizer (tool-aware template): the trained tokens are the two assistant turns, each from the token
+    after `<|im_start|>assistant\\n` through its `<|im_end|>`: reasoning, the tool call, the answer. The system text
+    with the tools, the user turn, the tool result and the newline after each `<|im_end|>` are masked."""
+    tok = load_tokenizer(tiny_moe_path)
+    r = render_conversation(tok, TOOL_CHAT, [LOOKUP])
+    text, ids, mask = r.text, r.ids, r.loss_mask
+    header, end = "<|im_start|>assistant\n", "<|im_end|>"
+    want = []  # the character spans read off the rendered text itself
+    at = 0
+    while (at := text.find(header, at)) != -1:
+        start = at + len(header)
+        want.append((start, text.index(end, start) + len(end)))
+        at = start
+    assert len(want) == 2
+    assert text[want[0][0]:want[0][1]] == ('<think>\nI should look it up.\n</think>\n\n<tool_call>\n{"name": "lookup", '
+                                           '"arguments": {"key": "alpha"}}\n</tool_call><|im_end|>')
+    assert text[want[1][0]:want[1][1]] == "The value is 17.<|im_end|>"
+    runs = _runs(mask)
+    assert len(runs) == 2
+    im_start, im_end = tok.convert_tokens_to_ids("<|im_start|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    for (a, b), (ca, cb) in zip(runs, want):
+        assert r.offsets[a] == ca and ids[b - 1] == im_end  # exact positions: first content token .. the <|im_end|>
+        assert tok.decode(ids[a:b].tolist()) == text[ca:cb]
+        h = int(np.flatnonzero(ids[:a] == im_start)[-1])  # the header's tokens, masked
+        assert tok.decode(ids[h:a].tolist()) == header and mask[h:a].sum() == 0
+        assert mask[b] == 0 and tok.decode([int(ids[b])]) == "\n"  # scaffolding after the turn
+    # everything outside the runs, the tool result and the tool schemas included, is 0
+    outside = np.ones(len(ids), bool)
+    for a, b in runs:
+        outside[a:b] = False
+    assert mask[outside].sum() == 0
+    masked_text = tok.decode(ids[outside].tolist())
+    assert "<tool_response>\n17\n</tool_response>" in masked_text and '"name": "lookup", "description"' in masked_text
+    # the sample: prompt = everything before the first trained token, response up to the last one
+    ds = ConversationDataset([{"messages": TOOL_CHAT, "tools": [LOOKUP]}], tok, seed=0, max_tokens=4096)
+    t = ds.next_batch(1)[0]
+    assert t.inference_logprobs is None and t.domain == "sft"
+    assert len(t.prompt_ids) == runs[0][0] and len(t.prompt_ids) + len(t.response_ids) == runs[1][1]
+    assert np.array_equal(t.loss_mask, mask[runs[0][0]:runs[1][1]])
+
+
+def test_the_mask_on_smollm2s_template(smollm2_path):
+    """SmolLM2's own template (ChatML, a default system message, no tool support): the same rule gives its assistant
+    turns; a tool call it would silently drop is refused instead."""
+    tok = load_tokenizer(smollm2_path)
+    chat = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "It is 4."},
+            {"role": "user", "content": "And 3 + 3?"}, {"role": "assistant", "content": "It is 6."}]
+    r = render_conversation(tok, chat)
+    runs = _runs(r.loss_mask)
+    assert [tok.decode(r.ids[a:b].tolist()) for a, b in runs] == ["It is 4.<|im_end|>", "It is 6.<|im_end|>"]
+    assert "You are a helpful AI assistant named SmolLM" in r.text  # its default system turn, masked
+    with pytest.raises(ValueError, match="does not render the assistant's tool_calls"):
+        render_conversation(tok, [TOOL_CHAT[1], {**TOOL_CHAT[2], "reasoning_content": None}, TOOL_CHAT[3]])
+
+
+def test_templates_that_drop_or_rewrite_turns_are_refused(tiny_moe_path):
+    tok = load_tokenizer(tiny_moe_path)
+    with pytest.raises(ValueError, match="does not render the row's tools"):  # a template that ignores tools=
+        assistant_spans(_with_template(tok, "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                                            "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>"
+                                            "assistant\n{% endif %}"), TOOL_CHAT[:2] + TOOL_CHAT[4:], [LOOKUP])
+    # reasoning shown on the last message only (as templates that drop old reasoning do): the prefix differs
+    last_only = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if loop.last and m.reasoning_content %}"
+                 "<think>{{ m.reasoning_content }}</think>{% endif %}{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "reasoning_content": "r"},
+            {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
+    with pytest.raises(ValueError, match="renders the conversation up to this turn differently"):
+        assistant_spans(_with_template(tok, last_only), chat)
+    with pytest.raises(ValueError, match="no assistant message"):
+        assistant_spans(tok, chat[:1])
+
+
+def _with_template(tok, template: str):
+    import copy
+
+    other = copy.deepcopy(tok)
+    other.chat_template = template
+    return other
+
+
+def test_the_bundled_set_loads_exactly_and_leaves_the_embedded_tokenizer_alone(tiny_moe_path):
+    rows = load_conversations(BUNDLED)
+    assert len(rows) == 64 and sum("tools" in r for r in rows) == 8
+    # rl/models.py trains the embedded tokenizer on the bundled files' top-level strings: this file adds none
+    for line in (BUNDLED_DIR / "sft.jsonl").read_text().splitlines():
+        assert all(isinstance(v, list) for v in json.loads(line).values())
+    calls = [m for r in rows for m in r["messages"] if m.get("tool_calls")]
+    assert len(calls) == 16 and all(isinstance(c["tool_calls"][0]["function"]["arguments"], str) for c in calls)
+    tok = load_tokenizer(tiny_moe_path)
+    for r in rows:  # every row renders, with something to train on
+        assert render_conversation(tok, r["messages"], r.get("tools")).loss_mask.sum() > 0
+    # Arrow-backed datasets fill absent keys with None; dropped before rendering
+    assert drop_nulls({"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "x", "a": None}}]}) \
+        == {"role": "assistant", "tool_calls": [{"function": {"name": "x"}}]}
+
+
+# ------------------------------------------------------------------------------------------------------ the loss
+def _sft_samples(path: str, n: int = 4) -> list[Trajectory]:
+    rows = load_conversations(BUNDLED)
+    tool = [r for r in rows if "tools" in r][:1]
+    two_turn = [r for r in rows if sum(m["role"] == "assistant" for m in r["messages"]) == 2 and "tools" not in r][:1]
+    plain = [r for r in rows if "tools" not in r and r not in two_turn]
+    ds = ConversationDataset(tool + two_turn + plain[: n - 2], load_tokenizer(path), seed=0, max_tokens=4096)
+    return [ds.sample(i, 0) for i in range(n)]
+
+
+def test_sft_loss_equals_the_reference_cross_entropy_over_assistant_tokens(tiny_dense_path):
+    """float64: the trainer's forward + `sft_loss` (per-token mean over the batch's loss tokens) equals HF-style
+    cross-entropy with labels = the ids on assistant tokens and -100 elsewhere, summed over the conversations
+    in an explicit loop and divided by their loss tokens; the gradients agree too."""
+    trajs = _sft_samples(tiny_dense_path)
+    model = load_causal_lm(tiny_dense_path, "float32", "sdpa").double().train()
+    batch = collate(trajs, pad_id=0)
+    assert batch.inference_logprobs is None
+    out = forward_logprobs(model, batch, temperature=1.0)
+    n_tok = int(batch.loss_mask.sum())
+    loss, stats = sft_loss(out.logprobs, batch.loss_mask, norm_tokens=n_tok)
+    loss.backward()
+    ours = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    for t in trajs:
+        ids = torch.tensor(np.concatenate([t.prompt_ids, t.response_ids]), dtype=torch.long)
+        labels = torch.full_like(ids, -100)
+        assistant = np.concatenate([np.zeros(len(t.prompt_ids)), t.loss_mask]) > 0
+        labels[torch.from_numpy(assistant)] = ids[torch.from_numpy(assistant)]
+        logits = model(input_ids=ids[None]).logits[0].double()
+        total = total + F.cross_entropy(logits[:-1], labels[1:], ignore_index=-100, reduction="sum")
+        count += int(assistant.sum())
+    reference = total / count
+    reference.backward()
+    assert count == n_tok == int(stats["tok_sum"])
+    assert abs(float(loss.detach()) - float(reference.detach())) < 1e-10
+    assert float(stats["nll_loss"]) == float(loss.detach())
+    for a, b in zip(ours, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_sft_loss_edges():
+    lp = torch.tensor([-1.0, float("-inf"), -3.0], dtype=torch.float64, requires_grad=True)
+    loss, stats = sft_loss(lp, torch.tensor([1.0, 0.0, 1.0]), norm_tokens=4)  # a masked -inf contributes nothing
+    assert float(loss.detach()) == 1.0 and float(stats["tok_sum"]) == 2
+    loss.backward()
+    assert lp.grad.tolist() == [-0.25, 0.0, -0.25]
+    empty, _ = sft_loss(lp, torch.zeros(3), norm_tokens=0)  # no loss token in the mini-batch: 0, not 0/0
+    assert float(empty.detach()) == 0.0
+    one, stats = sft_loss(lp, torch.tensor([0.0, 0.0, 1.0]), norm_tokens=1)  # one loss token: its whole loss
+    assert float(one.detach()) == 3.0
+    assert all(not v.requires_grad for v in stats.values())  # stats are summed for logging, never backpropagated
+
+
+@pytest.mark.parametrize("family", ["tiny_dense_path", "tiny_moe_path"])
+def test_packed_sft_equals_padded_also_cut_by_a_token_budget(family, request):
+    """trainer.pack_sequences: the conversations back to back in one row give the padded batch's SFT loss and
+    gradient; cut into micro-batches by a token budget (trainer.micro_batch_tokens), the micro-batch losses
+    (normalised by the whole batch's tokens) sum to the same loss and gradient."""
+    from rl.batching import micro_batch_count, micro_batches
+
+    path = request.getfixturevalue(family)
+    moe = family == "tiny_moe_path"
+    trajs = _sft_samples(path)
+    model = load_causal_lm(path, "float32", "sdpa").train()
+    model = model if moe else model.double()  # the MoE's grouped expert matmul runs in float32 only
+    tol = 1e-5 if moe else 1e-10
+    n_tok = int(sum(t.loss_mask.sum() for t in trajs))
+
+    def run(parts, packed):
+        model.zero_grad()
+        total = 0.0
+        for part in parts:
+            batch = collate(part, pad_id=0, packed=packed)
+            loss, _ = sft_loss(forward_logprobs(model, batch, temperature=1.0).logprobs, batch.loss_mask,
+                               norm_tokens=n_tok)
+            loss.backward()
+            total += float(loss)
+        return total, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    padded, g_pad = run([trajs], packed=False)
+    packed, g_pack = run([trajs], packed=True)
+    budget = 900
+    k = micro_batch_count(trajs, budget, "packed")
+    cut = micro_batches(trajs, k, "packed")
+    assert k > 1 and max(sum(t.num_tokens for t in p) for p in cut) <= max(budget, max(t.num_tokens for t in trajs))
+    micro, g_micro = run(cut, packed=True)
+    assert abs(packed - padded) < tol and abs(micro - padded) < tol
+    torch.testing.assert_close(g_pack, g_pad, rtol=tol * 10, atol=tol / 10)
+    torch.testing.assert_close(g_micro, g_pad, rtol=tol * 10, atol=tol / 10)
+
+
+# --------------------------------------------------------------------------------- the objective seam, metrics
+def test_the_objectives_declare_their_source_needs_and_keys():
+    assert OBJECTIVES == {"grpo": GRPO, "sft": SFT}
+    assert GRPO.source == "rollouts" and {"inference_logprobs", "advantages", "reference"} <= GRPO.needs
+    assert SFT.source == "dataset" and not SFT.needs
+    batch = collate([Trajectory(uid="a", group_id="a", domain="sft", prompt_ids=[1, 2], response_ids=[3, 4, 5],
+                                inference_logprobs=None, loss_mask=np.array([1, 1, 0]))], pad_id=0)
+    logprobs = torch.tensor([-1.0, -2.0, -9.0])
+    loss, stats = SFT.loss(logprobs, batch, {}, (1, 2))
+    sums = TrainStatSums()
+    out = ForwardOut(logprobs, torch.full((3,), 0.5), torch.full((3,), 0.7))
+    sums.add(forward_sums(batch, out, (0, 0), first_minibatch=True))
+    sums.add(SFT.sums(batch, stats))
+    m = trainer_metrics([sums.totals()], [], 1, SFT.metrics)
+    assert m["loss/sft"] == pytest.approx(1.5) and m["sft/tokens"] == 2.0
+    assert m["entropy/kept_set"] == pytest.approx(0.5) and m["entropy/full_vocab"] == pytest.approx(0.7)
+    # no GRPO key and no train/inference mismatch (no engine sampled these): the objective owns its keys
+    assert not any(k.startswith(("loss/pg", "clip_frac", "opsm/", "kl/", "tis/", "mismatch/")) for k in m)
+
+
+def test_a_batch_holds_samples_of_one_source():
+    sampled = Trajectory(uid="a", group_id="a", domain="math", prompt_ids=[1], response_ids=[2], inference_logprobs=[-1.0])
+    row = Trajectory(uid="b", group_id="b", domain="sft", prompt_ids=[1], response_ids=[2], inference_logprobs=None)
+    with pytest.raises(ValueError, match="one batch holds samples of one source"):
+        collate([sampled, row], pad_id=0)
+    with pytest.raises(ValueError, match="inference logprobs"):
+        Trajectory(uid="c", group_id="c", domain="math", prompt_ids=[1], response_ids=[2], inference_logprobs=[])
+
+
+# ----------------------------------------------------------------------------------------- the dataset source
+def test_the_dataset_order_is_seeded_by_epoch_and_resumes_from_its_state(tiny_moe_path):
+    tok = load_tokenizer(tiny_moe_path)
+    rows = load_conversations(BUNDLED)[:10]
+
+    def draw(ds, steps):
+        return [[t.uid for t in ds.next_batch(4)] for _ in range(steps)]
+
+    a = ConversationDataset(rows, tok, seed=3, max_tokens=4096)
+    straight = draw(a, 6)  # 24 rows: two epochs and a bit, each epoch every row once in its own order
+    flat = [u for b in straight for u in b]
+    epoch0, epoch1 = [u.split("-")[1] for u in flat[:10]], [u.split("-")[1] for u in flat[10:20]]
+    assert sorted(epoch0) == sorted(epoch1) == sorted(map(str, range(10))) and epoch0 != epoch1
+    assert all(u.endswith("-e0") for u in flat[:10]) and all(u.endswith("-e2") for u in flat[20:])
+    b = ConversationDataset(rows, tok, seed=3, max_tokens=4096)
+    draw(b, 2)
+    state = json.loads(json.dumps(b.state_dict()))  # as a checkpoint's state.json holds it
+    c = ConversationDataset(rows, tok, seed=3, max_tokens=4096)
+    c.load_state_dict(state)
+    assert draw(c, 4) == straight[2:] and c.epoch == pytest.approx(2.4)
+    assert draw(ConversationDataset(rows, tok, seed=4, max_tokens=4096), 1) != straight[:1]
+
+
+def test_long_conversations_are_cut_and_rows_without_assistant_tokens_skipped(tiny_moe_path):
+    tok = load_tokenizer(tiny_moe_path)
+    long_row = {"messages": [{"role": "user", "content": "hi " * 200}, {"role": "assistant", "content": "yes"}]}
+    ok = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a b c d e f g"}]}
+    ds = ConversationDataset([ok, long_row], tok, seed=0, max_tokens=40)
+    got = ds.next_batch(3)
+    assert [t.sample["index"] for t in got] == [0, 0, 0] and ds.skipped >= 1 and ds.truncated >= 1
+    assert all(t.num_tokens <= 40 for t in got)
+    cut = ConversationDataset([{"messages": ok["messages"] * 2}], tok, seed=0, max_tokens=18).next_batch(1)[0]
+    assert cut.num_tokens <= 18 and cut.loss_mask.sum() > 0  # the first turn is kept, the rest cut off
+    from rl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="no row has an assistant token"):
+        ConversationDataset([ok, long_row], tok, seed=0, max_tokens=5).next_batch(1)
+    with pytest.raises(ConfigError, match=r"algorithm\.dataset: row 0: .*no assistant message"):
+        ConversationDataset([{"messages": [{"role": "user", "content": "x"}]}], tok, seed=0, max_tokens=40)
+
+
+# ------------------------------------------------------------------------------------------------- the config
+def test_sft_config_and_its_refusals():
+    from launch.config import check_config, compose
+    from launch.sft import with_sft
+    from rl.batching import step_samples
+    from rl.config import ConfigError, needs_reference
+
+    cfg = compose(["+experiment=sft"])
+    check_config(cfg)
+    assert cfg["algorithm"]["objective"] == "sft" and cfg["domains"] == {} and not needs_reference(cfg)
+    assert step_samples(cfg) == 16
+    both = compose(["algorithm=sft", "+experiment=mixed_rl"])  # RL's domains are dropped for SFT
+    check_config(both)
+    assert both["domains"] == {} and not needs_reference(both)
+    with pytest.raises(ConfigError, match=r"algorithm\.objective=sft trains on a dataset: .*algorithm=sft"):
+        check_config(compose(["+experiment=mixed_rl", "algorithm.objective=sft"]))
+    with pytest.raises(ConfigError, match=r"algorithm\.samples_per_step = 10 samples per step must split evenly"):
+        check_config(compose(["+experiment=sft", "algorithm.samples_per_step=10", "trainer.mini_batches=4"]))
+    with pytest.raises(ConfigError, match=r"algorithm\.dataset\.columns must map at least `messages`"):
+        check_config(compose(["+experiment=sft", "~algorithm.dataset.columns.messages"]))
+    assert with_sft(["+experiment=sft"]) == ["algorithm=sft", "+experiment=sft"]
+    assert with_sft(["algorithm=grpo", "x=1"]) == ["algorithm=grpo", "x=1"]
+
+
+# ----------------------------------------------------------------------------------------------- end to end
+def _launch_sft(run_dir: Path, *overrides: str) -> list[dict]:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, "-m", "launch.sft", "+experiment=sft", f"run_dir={run_dir}",
+                           "logger.progress_bar=false", *overrides], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
+    if proc.returncode != 0:
+        log = run_dir / "train.log"
+        worker = log.read_text(errors="replace").splitlines()[-60:] if log.exists() else ["(no train.log)"]
+        pytest.fail(f"launch.sft exited {proc.returncode}\n" + "\n".join(proc.stderr.splitlines()[-60:]) + "\n---\n"
+                    + "\n".join(worker), pytrace=False)
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_launch_sft_learns_checkpoints_and_resumes_on_the_same_data(tmp_path):
+    """`python -m launch.sft +experiment=sft` on CPU: loss/sft falls, the last checkpoint is an HF model, no rollout
+    or reward worker starts; 2 steps then a resume to 4 equal a straight run of 4 (the same conversations in the
+    same order: the same losses and the same data position)."""
+    common = ["trainer.save_every=2"]
+    straight = _launch_sft(tmp_path / "a", *common, "trainer.total_steps=4")
+    assert [r["step"] for r in straight] == [1, 2, 3, 4]
+    assert straight[-1]["loss/sft"] < straight[0]["loss/sft"] - 0.3
+    for r in straight:
+        assert r["sft/tokens"] > 0 and r["throughput/train_tokens_per_s"] > 0 and r["sft/epoch"] == r["step"] / 4
+        assert not any(k.startswith(("time/rollout", "time/sync", "reward/", "loss/pg", "mismatch/")) for k in r)
+        from rl.metric_keys import row_of
+
+        assert [k for k in r if row_of(k) is None] == []  # every key has its row in the README's table
+    log = (tmp_path / "a" / "train.log").read_text()
+    assert "RolloutWorker" not in log and "RewardWorker" not in log
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(tmp_path / "a" / "checkpoints" / "step_000004" / "hf")
+    _launch_sft(tmp_path / "b", *common, "trainer.total_steps=2")
+    resumed = _launch_sft(tmp_path / "b", *common, "trainer.total_steps=4", "trainer.resume=auto")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for a, b in zip(straight, resumed):
+        assert abs(a["loss/sft"] - b["loss/sft"]) < 1e-6 and a["sft/tokens"] == b["sft/tokens"], a["step"]
+    state = lambda run: json.loads((run / "checkpoints" / "step_000004" / "state.json").read_text())  # noqa: E731
+    assert state(tmp_path / "a") == state(tmp_path / "b") == {"step": 4, "data": {"cursor": [1, 0], "truncated": 0,
+                                                                                  "skipped": 0}}

@@ -2,7 +2,8 @@
 
 Roles, one class each: `rollout.worker.RolloutWorker`, `rewards.worker.RewardWorker`,
 `rollout.judge_worker.JudgeWorker` (when a domain uses the rubric judge), `trainer.policy.PolicyTrainer` (one per
-data-parallel rank) and `trainer.frozen.FrozenModel` (the KL reference, when a domain has kl_coef > 0). An objective
+data-parallel rank) and `trainer.frozen.FrozenModel` (the KL reference, when a domain has kl_coef > 0; and one per
+distinct distillation teacher, algorithm.objective=distill). An objective
 that trains on a dataset (SFT: `Objective.source`) starts the trainer ranks only.
 Rollout and reward workers are stateless apart from weights, so one that dies or hangs is replaced (and re-synced)
 and its share retried once; a dead trainer rank ends the run with a pointer to the last checkpoint. Calls to a
@@ -22,7 +23,7 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from launch.placement import GpuPlacement
+from launch.placement import GpuPlacement, check_cpu_reservations, teachers_of
 from rewards.judge import uses_rubric_judge
 from rewards.worker import RewardWorker
 from rl.batching import minibatch_norm, split_even
@@ -260,6 +261,8 @@ class RendezvousStore:
 class Cluster:
     def __init__(self, cfg: dict, model_path: str):
         self.cfg = cfg
+        if not (cfg.get("ray") or {}).get("address"):  # a cluster we started: its CPUs are all there will be
+            check_cpu_reservations(cfg, float(ray.cluster_resources().get("CPU", 0)))
         self._latest_weights = None
         self._store = None  # the trainer ranks' rendezvous (RendezvousStore)
         self._weight_sync = None  # vLLM: GPU weight sync (launch/weight_sync.py); hf: the object store, below
@@ -267,6 +270,7 @@ class Cluster:
         self._placement = GpuPlacement(cfg)  # colocated: rank i and its workers share GPU i; split: k workers a GPU
         self.rollout = self.rewards = self.judge = self.reference = None
         self.trainers: list = []
+        self.teachers: dict = {}  # teacher model path -> its FrozenModel actor
         try:
             self._start(cfg, model_path)
         except BaseException:  # an actor that failed to start: stop the ones that did (their GPUs, their CPUs)
@@ -320,6 +324,7 @@ class Cluster:
         self._get_trainers([a.ready.remote() for a in self.trainers])
         if self.reference is not None:
             ray.get(self.reference.ready.remote())
+        ray.get([a.ready.remote() for a in self.teachers.values()])
         if ray.get(self.rollout.actors[0].engine_name.remote()) == "vllm":
             from launch.weight_sync import VLLMWeightSync
 
@@ -340,6 +345,10 @@ class Cluster:
         if needs_reference(cfg) and "reference" in objective_of(cfg).needs:
             ref_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
             self.reference = ref_cls.options(**self._placement.options("reference")).remote(cfg, model_path)
+        if "teacher" in objective_of(cfg).needs:
+            teacher_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
+            self.teachers = {path: teacher_cls.options(**self._placement.options("teacher")).remote(cfg, path, "teacher")
+                             for path in teachers_of(cfg)}
 
     def _get_trainers(self, refs: list, role: str = "a PolicyTrainer rank"):
         """Results of the stateful actors (trainer ranks, the reference): one that died ends the run."""
@@ -374,6 +383,9 @@ class Cluster:
 
     def ref_logprobs(self, trajs: list[Trajectory]) -> list[np.ndarray]:
         return self._get_trainers(self.reference.logprobs.remote(trajs), "the reference model (FrozenModel)")
+
+    def teacher_logprobs(self, path: str, trajs: list[Trajectory]) -> list[np.ndarray]:
+        return self._get_trainers(self.teachers[path].logprobs.remote(trajs), f"the teacher {path} (FrozenModel)")
 
     def train(self, minibatches: list[list[Trajectory]]) -> list[dict]:
         """Each mini-batch is split evenly across ranks; the loss is normalised by the whole mini-batch."""
@@ -418,7 +430,7 @@ class Cluster:
     def shutdown(self) -> None:
         """Stop every actor started so far (also those of a start that failed part-way) and free the placement."""
         pooled = [a for pool in (self.rollout, self.rewards) if pool is not None for a in pool.actors]
-        for a in [*pooled, *self.trainers, self.reference, self.judge, self._store]:
+        for a in [*pooled, *self.trainers, self.reference, *self.teachers.values(), self.judge, self._store]:
             if a is not None:
                 ray.kill(a)
         self._placement.remove()

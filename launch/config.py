@@ -171,6 +171,8 @@ def check_known_keys(cfg: Mapping) -> None:
                 if unknown:
                     raise ConfigError(f"{where}.{unknown[0]}: unknown key; allowed: {sorted(allowed)}")
                 continue
+            if path.endswith(".columns"):  # our field -> the dataset's column; the data loader checks the fields
+                continue
             if k not in known:
                 raise ConfigError(f"{where}: unknown key (no config file defines it; known here: {sorted(known)})")
             sub = known[k]
@@ -261,4 +263,27 @@ def prepare(cfg: dict) -> str:
         raise ConfigError(f"trainer.compile=true supports dense models; model.path={cfg['model']['path']} has routed "
                           "experts (set trainer.compile=false)")
     resolve_auto(cfg, moe)
+    resolve_teachers(cfg, model_path)
     return model_path
+
+
+def resolve_teachers(cfg: dict, model_path: str) -> None:
+    """On-policy distillation: each `domains.<d>.teacher` found or built like model.path (a GGUF converted, an
+    embedded model built) and replaced by its local path, which the teacher actors load. The teacher grades the
+    student's token ids, so both must share one vocabulary: a teacher whose tokenizer splits text differently is
+    refused here, before any actor starts."""
+    from rl.models import load_tokenizer
+
+    student, probe = None, "Teacher and student: 12 + 30 = 42. <think>x</think> \\boxed{42}"
+    for name, block in (cfg.get("domains") or {}).items():
+        if not block.get("teacher"):
+            continue
+        check_model_path(str(block["teacher"]))
+        path = resolve_model_path(str(block["teacher"]))
+        student = student or load_tokenizer(model_path)
+        teacher = load_tokenizer(path)
+        if len(teacher) != len(student) or teacher(probe)["input_ids"] != student(probe)["input_ids"]:
+            raise ConfigError(f"domains.{name}.teacher={block['teacher']}: its tokenizer differs from the policy's "
+                              f"({len(teacher)} vs {len(student)} tokens, or another split of the same text); "
+                              "token-level distillation needs the student's vocabulary")
+        block["teacher"] = path

@@ -4,8 +4,9 @@
 `rollout.placement`:
 - colocated: one Ray placement group with one GPU per trainer rank; the rollout workers of GPU i (k =
   `rl.config.engines_per_gpu` of them: workers i*k .. i*k+k-1) and trainer rank i share bundle i (their fractional
-  `num_gpus` split the GPU); the reference model and the rubric judge join GPU 0 when they ask for a fraction of a
-  GPU (a whole GPU or more is placed outside the group, on a GPU of its own).
+  `num_gpus` split the GPU); the reference model, the distillation teachers (one FrozenModel per distinct teacher,
+  each with `trainer.ref_num_gpus`, like the reference) and the rubric judge join GPU 0 when they ask for a fraction
+  of a GPU (a whole GPU or more is placed outside the group, on a GPU of its own).
 - split: vLLM workers own their GPUs. With k > 1 instances per rollout GPU (`rollout.num_gpus` = 1/k) a placement
   group holds the rollout GPUs, workers g*k .. g*k+k-1 on bundle g, so that the instances of a GPU are known (the
   weight sync sends to them in waves, launch/weight_sync.py) and Ray cannot spread them over the GPUs the trainer
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from rewards.judge import uses_rubric_judge
 from rl.config import (
     ConfigError, check_choice, engines_per_gpu, is_colocated_vllm, is_split_vllm_on_gpu_shares, needs_reference,
-    rollout_placement,
+    rollout_placement, teacher_paths,
 )
 
 
@@ -51,11 +52,48 @@ def check_gpu_layout(cfg: Mapping) -> None:
             f"rollout.gpu_memory_utilization is per vLLM instance, and {k} instances share each GPU ({where}): "
             f"{k} x {r['gpu_memory_utilization']} {short}; lower it (e.g. the one-instance value / k)"
         )
+    if t.get("device") == "cuda" and teachers_of(cfg) and not float(t.get("ref_num_gpus") or 0):
+        raise ConfigError("trainer.ref_num_gpus: the distillation teachers (FrozenModel actors, placed like the "
+                          "reference) would see no GPU with trainer.device=cuda; give them a GPU share (e.g. "
+                          "trainer.ref_num_gpus=0.1, on GPU 0 when colocated)")
     if t.get("device") == "cuda" and needs_reference(cfg) and not float(t.get("ref_num_gpus") or 0):
         raise ConfigError(
             "trainer.ref_num_gpus: the reference model (some domain has kl_coef > 0) would see no GPU with "
             "trainer.device=cuda; give it a GPU share (e.g. trainer.ref_num_gpus=0.1, on GPU 0 when colocated)"
         )
+
+
+def teachers_of(cfg: Mapping) -> list[str]:
+    """The teacher models a run starts: those of `domains.<d>.teacher` under algorithm.objective=distill."""
+    return teacher_paths(cfg) if (cfg.get("algorithm") or {}).get("objective") == "distill" else []
+
+
+def cpu_reservations(cfg: Mapping) -> dict[str, float]:
+    """The Ray CPUs the run's actors reserve, by config key: a local Ray cluster with fewer would leave the last
+    actors waiting for CPUs forever, with no message."""
+    r, t, rw = cfg["rollout"], cfg["trainer"], cfg.get("rewards") or {}
+    need = {"trainer.num_processes x trainer.num_cpus": int(t["num_processes"]) * float(t["num_cpus"])}
+    if (cfg.get("algorithm") or {}).get("dataset") is not None:  # SFT: the trainer ranks alone
+        return need
+    need["rollout.num_workers x rollout.num_cpus"] = int(r["num_workers"]) * float(r["num_cpus"])
+    need["rewards.num_actors x rewards.actor_num_cpus"] = int(rw.get("num_actors") or 1) * float(rw.get("actor_num_cpus") or 0)
+    if needs_reference(cfg):
+        need["trainer.num_cpus (reference)"] = float(t["num_cpus"])
+    if teachers_of(cfg):
+        need[f"{len(teachers_of(cfg))} x trainer.num_cpus (teachers)"] = len(teachers_of(cfg)) * float(t["num_cpus"])
+    if uses_rubric_judge(cfg.get("domains") or {}):
+        need["rewards.judge.num_cpus"] = float((rw.get("judge") or {}).get("num_cpus") or 0)
+    return {k: v for k, v in need.items() if v > 0}
+
+
+def check_cpu_reservations(cfg: Mapping, available: float) -> None:
+    """ConfigError naming the keys when the actors reserve more CPUs than the local Ray cluster has."""
+    need = cpu_reservations(cfg)
+    if sum(need.values()) > available + 1e-9:
+        raise ConfigError(f"ray.num_cpus: the actors reserve {sum(need.values()):g} CPUs ("
+                          + ", ".join(f"{k} {v:g}" for k, v in need.items()) + f") and the local Ray cluster has "
+                          f"{available:g}; lower those reservations, or give Ray more (logical) CPUs, e.g. "
+                          f"ray.num_cpus={int(-(-sum(need.values()) // 1))}")
 
 
 def colocated_shares(cfg: Mapping) -> dict[str, float]:
@@ -73,7 +111,9 @@ def colocated_shares(cfg: Mapping) -> dict[str, float]:
     shares = {"rollout.num_gpus" if k == 1 else f"{k} x rollout.num_gpus": gpus_r * k, "trainer.num_gpus": gpus_t}
     extra = {"trainer.ref_num_gpus": float(t.get("ref_num_gpus") or 0) if needs_reference(cfg) else 0.0,
              "rewards.judge.num_gpus": float(((cfg.get("rewards") or {}).get("judge") or {}).get("num_gpus") or 0)
-             if uses_rubric_judge(cfg.get("domains") or {}) else 0.0}
+             if uses_rubric_judge(cfg.get("domains") or {}) else 0.0,
+             f"{len(teachers_of(cfg))} x trainer.ref_num_gpus (teachers)": len(teachers_of(cfg))
+             * float(t.get("ref_num_gpus") or 0) if float(t.get("ref_num_gpus") or 0) < 1 else 0.0}
     shares.update({k: v for k, v in extra.items() if 0 < v < 1})
     if sum(shares.values()) > 1.0 + 1e-9:
         raise ConfigError("rollout.placement=colocated: the GPU shares on one GPU must sum to <= 1, got "
@@ -97,12 +137,15 @@ class GpuPlacement:
         shares = colocated_shares(cfg)
         if shares:
             self.n = int(t["num_processes"])
-            roles = {"reference": "trainer.ref_num_gpus", "judge": "rewards.judge.num_gpus"}
+            roles = {"reference": "trainer.ref_num_gpus", "judge": "rewards.judge.num_gpus",
+                     "teacher": f"{len(teachers_of(cfg))} x trainer.ref_num_gpus (teachers)"}
             self.on_gpu0 = {role for role, key in roles.items() if key in shares}
             cpus = float(r["num_cpus"]) * self.engines + float(t["num_cpus"])
             bundles = [{"GPU": 1.0, "CPU": cpus} for _ in range(self.n)]
             if "reference" in self.on_gpu0:
                 bundles[0]["CPU"] += float(t["num_cpus"])
+            if "teacher" in self.on_gpu0:
+                bundles[0]["CPU"] += float(t["num_cpus"]) * len(teachers_of(cfg))
             if "judge" in self.on_gpu0:
                 bundles[0]["CPU"] += float(cfg["rewards"]["judge"].get("num_cpus") or 0)
         elif is_split_vllm_on_gpu_shares(cfg):

@@ -78,15 +78,22 @@ def word_count(text: str) -> int:
     return len(text.split())
 
 
-def score_lines(lines: Iterable[str], cfg: dict, count_tokens: Callable[[str], int] = word_count) -> Iterable[dict]:
-    """Plain-dict config in, one output dict per input line out (streamed in batches)."""
+def reward_composer(cfg: dict, model_path: str | None = None) -> RewardComposer:
+    """The domains' reward stacks in this process, as the reward workers build them, with the rubric judge loaded
+    here when a domain uses it (its model: `rewards.judge.model`, else `model_path`, else `model.path`). Also used
+    by `python -m launch.generate`; close it when done."""
     judge = None
     if uses_rubric_judge(cfg["domains"]):
         from rollout.judge_worker import build_judge
 
-        judge = build_judge(cfg)
-    composer = RewardComposer(cfg["domains"], cfg.get("rewards") or {},
-                              (cfg.get("rollout") or {}).get("max_new_tokens", 0), judge=judge)
+        judge = build_judge(cfg, model_path)
+    return RewardComposer(cfg["domains"], cfg.get("rewards") or {},
+                          (cfg.get("rollout") or {}).get("max_new_tokens", 0), judge=judge)
+
+
+def score_lines(lines: Iterable[str], cfg: dict, count_tokens: Callable[[str], int] = word_count) -> Iterable[dict]:
+    """Plain-dict config in, one output dict per input line out (streamed in batches)."""
+    composer = reward_composer(cfg)
     try:
         batch: list[tuple[dict, Trajectory | None, str | None]] = []
 

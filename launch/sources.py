@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from launch.cluster import Cluster
 from rewards.compose import required_fields
 from rl.advantages import assign_advantages, attach_domain_coefficients
-from rl.data import EvalPrompts, PromptMixture
+from rl.data import EvalPrompts, PromptMixture, thinking_modes
 from rl.metrics import eval_metrics, rollout_metrics, step_metrics
 from rl.sft_data import ConversationDataset, load_conversations
 from rl.trajectory import Trajectory
@@ -58,6 +58,7 @@ class RolloutSource:
         self.domains = list(domains)
         self.parts = {d: [p.get("label", p["name"]) for p in spec["rewards"]] for d, spec in domains.items()}
         self.agents = [d for d, spec in domains.items() if spec.get("agent")]
+        self.modes = {d: thinking_modes(spec) for d, spec in domains.items() if thinking_modes(spec)}
         needed = {d: required_fields(spec["rewards"]) for d, spec in domains.items()}
         data = dict(max_prompt_tokens=cfg["data"]["max_prompt_tokens"], required_fields=needed,
                     chat_template_kwargs=cfg["data"].get("chat_template_kwargs"))
@@ -69,6 +70,10 @@ class RolloutSource:
 
     def start(self, cluster: Cluster, tracker, total: int) -> None:
         self.cluster, self.tracker, self.total = cluster, tracker, total
+        if self.evals is not None and self.ev.get("before_train") and self.mixture.step == 0:  # a fresh run
+            start = time.perf_counter()
+            metrics = evaluate(cluster, self.evals, self.ev, self.parts, 0, tracker)
+            tracker.log({"step": 0, **metrics, "time/eval": time.perf_counter() - start}, counts_as_step=False)
 
     def _submit(self, step: int) -> None:
         data_state = self.mixture.state_dict()
@@ -96,6 +101,12 @@ class RolloutSource:
             with timed(times, "ref"):
                 for tr, lp in zip(need_ref, self.cluster.ref_logprobs(need_ref)):
                     tr.ref_logprobs = lp
+        if self.cluster.teachers:  # on-policy distillation: each teacher grades its domains' samples
+            with timed(times, "teacher"):
+                for path in self.cluster.teachers:
+                    graded = [tr for tr in self.trajs if self.cfg["domains"][tr.domain].get("teacher") == path]
+                    for tr, lp in zip(graded, self.cluster.teacher_logprobs(path, graded) if graded else []):
+                        tr.teacher_logprobs = lp
         return StepSamples(self.trajs, need_ref)
 
     def after_update(self, step: int, times: dict) -> dict:
@@ -105,7 +116,8 @@ class RolloutSource:
                 self.in_flight[0][3].wait_generated()
         with timed(times, "sync"):
             times.update({f"time/sync_{part}": s for part, s in self.cluster.sync_weights().items()})
-        metrics = rollout_metrics(self.trajs, self.parts, staleness=step - 1 - self.version, agent_domains=self.agents)
+        metrics = rollout_metrics(self.trajs, self.parts, staleness=step - 1 - self.version, agent_domains=self.agents,
+                                  domain_modes=self.modes)
         if self.evals is not None and (step % int(self.ev["every"]) == 0 or step == self.total):
             with timed(times, "eval"):
                 metrics.update(evaluate(self.cluster, self.evals, self.ev, self.parts, step, self.tracker))

@@ -96,7 +96,8 @@ class Tracker:
                 continue
         self.path.write_text("".join(k + "\n" for k in keep))
 
-    def log(self, metrics: dict) -> None:
+    def log(self, metrics: dict, counts_as_step: bool = True) -> None:
+        """One row of metrics.jsonl and W&B; `counts_as_step` False for the evaluation before step 1 (step 0)."""
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
         line = json.dumps(clean, sort_keys=True)
         with self.path.open("a") as f:
@@ -107,7 +108,7 @@ class Tracker:
             if not self.run.send_line(f'{{"n": {self.lines}, "t": {time.time()!r}, "row": {line}}}'):
                 log.warning("the W&B logger process ended (see %s): W&B gets no more steps in this run; "
                             "metrics.jsonl has them all and a resumed run logs them to W&B", self.run.log_path)
-        if self.bar is not None:
+        if self.bar is not None and counts_as_step:
             self.bar.update(1)
             if "loss/sft" in metrics:  # SFT: no rewards, its loss is the number to watch
                 self.bar.set_postfix(loss=f"{metrics['loss/sft']:.3f}", tokens=f"{metrics.get('sft/tokens', 0):.0f}")
@@ -127,6 +128,7 @@ class Tracker:
                     "uid": t.uid, "domain": t.domain, "prompt": t.prompt_text, "response": t.response_text,
                     "finish_reason": t.finish_reason, "response_tokens": t.num_generated_tokens,
                     "reward": t.reward, "parts": t.reward_parts, "error": t.reward_error, "advantage": t.advantage,
+                    **({"thinking": t.thinking} if t.thinking is not None else {}),
                     **({"episode": t.episode} if t.episode is not None else {}),
                 }))
 

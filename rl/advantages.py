@@ -56,8 +56,12 @@ def assign_advantages(trajs: list[Trajectory], normalize_std: bool) -> None:
 
 
 def attach_domain_coefficients(trajs: list[Trajectory], domains: Mapping[str, Mapping]) -> None:
-    """Each sample takes its domain's KL strength (`domains.<d>.kl_coef`) and OPSM threshold
-    (`domains.<d>.opsm_delta`, absent or null = off); the loss reads them per sample."""
+    """Each sample takes its domain's KL strength (`domains.<d>.kl_coef`), OPSM threshold (`domains.<d>.opsm_delta`,
+    absent or null = off) and, for on-policy distillation, the weights of its GRPO advantage and of its teacher
+    (`domains.<d>.reward_coef`, default 1; `domains.<d>.distill_coef`, default 1 where the domain has a `teacher`, else
+    0); the loss reads them per sample."""
     for t in trajs:
         d = domains[t.domain]
         t.kl_coef, t.opsm_delta = float(d["kl_coef"]), d.get("opsm_delta")
+        t.reward_coef = float(d.get("reward_coef", 1.0))
+        t.distill_coef = float(d.get("distill_coef", 1.0)) if d.get("teacher") else 0.0

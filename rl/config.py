@@ -20,7 +20,8 @@ class ConfigError(ValueError):
     """A config value is wrong; the message starts with the dotted key."""
 
 
-DOMAIN_KEYS = {"weight", "dataset", "eval_dataset", "kl_coef", "opsm_delta", "rewards", "agent"}
+DOMAIN_KEYS = {"weight", "dataset", "eval_dataset", "kl_coef", "opsm_delta", "rewards", "agent", "teacher", "distill_coef", "reward_coef",
+               "thinking"}
 DATASET_KEYS = {"path", "name", "split", "columns", "system_prompt", "data_files"}
 ENGINES = {"hf", "vllm", "auto"}
 AUTO_BOOL = {"auto", True, False}
@@ -66,13 +67,35 @@ def validate_domains(domains: Any) -> None:
         check_number(d, "weight", path, lo=0)  # 0 switches the domain off
         check_number(d, "kl_coef", path, lo=0)
         check_number(d, "opsm_delta", path, lo=0, optional=True)  # absent = null = off
+        check_number(d, "distill_coef", path, lo=0, optional=True)
+        check_number(d, "reward_coef", path, lo=0, optional=True)
+        if d.get("teacher") is not None and (not isinstance(d["teacher"], str) or not d["teacher"].strip()):
+            raise ConfigError(f"{path}.teacher must be a model path (a run's checkpoints/step_N/hf, an HF dir or name)")
         if d.get("agent") is not None and not isinstance(d["agent"], Mapping):
             raise ConfigError(f"{path}.agent must be a mapping (env, max_turns, budgets...; see rollout/agent.py)")
+        validate_thinking(d, path)
         _validate_dataset(d.get("dataset"), f"{path}.dataset")
         if d.get("eval_dataset") is not None:
             _validate_dataset(d["eval_dataset"], f"{path}.eval_dataset")
     if not any(float(d["weight"]) > 0 for d in domains.values()):
         raise ConfigError("domains.<d>.weight: every domain has weight 0 (switched off); give at least one a weight > 0")
+
+
+def validate_thinking(d: Mapping, path: str) -> None:
+    """`domains.<d>.thinking`: true | false | both | null. On an agent domain it replaces `agent.thinking`; both given
+    and different is refused (which one would hold is not obvious), as is thinking with `agent.demo` (the
+    demonstration's turns carry no reasoning)."""
+    value = d.get("thinking")
+    # `1 in (True, ...)` holds in Python: only real booleans, the string both, or null
+    if not (value is None or isinstance(value, bool) or value == "both"):
+        raise ConfigError(f"{path}.thinking must be true, false, both or null, got {value!r}")
+    agent = d.get("agent") if isinstance(d.get("agent"), Mapping) else {}
+    if value is not None and agent.get("thinking") is not None and agent["thinking"] != value:
+        raise ConfigError(f"{path}.thinking={value} and {path}.agent.thinking={agent['thinking']} disagree: set the "
+                          f"mode once ({path}.thinking)")
+    if value in (True, "both") and agent.get("demo"):
+        raise ConfigError(f"{path}.thinking={value}: agent.demo's demonstration carries no reasoning; use it with "
+                          "thinking false")
 
 
 def _validate_dataset(ds: Any, path: str, required: str = "prompt") -> None:
@@ -84,6 +107,29 @@ def _validate_dataset(ds: Any, path: str, required: str = "prompt") -> None:
     cols = ds.get("columns") or {}
     if not isinstance(cols, Mapping) or required not in cols:
         raise ConfigError(f"{path}.columns must map at least `{required}` to a dataset column")
+
+
+def teacher_paths(cfg: Mapping) -> list[str]:
+    """The distinct `domains.<d>.teacher` model paths (in domain order): one FrozenModel actor each."""
+    paths = [d.get("teacher") for d in (cfg.get("domains") or {}).values() if isinstance(d, Mapping)]
+    return list(dict.fromkeys(p for p in paths if p))
+
+
+def validate_distill(cfg: Mapping) -> None:
+    """Teachers are read by algorithm.objective=distill alone: one set under another objective would silently do
+    nothing, and distill without a teacher is GRPO under another name."""
+    objective = str(cfg["algorithm"].get("objective", "grpo"))
+    domains = cfg.get("domains") or {}
+    if objective == "distill":
+        if not teacher_paths(cfg):
+            raise ConfigError("algorithm.objective=distill: no domain has a teacher; set domains.<d>.teacher=<model "
+                              "path> (a specialist's checkpoints/step_N/hf)")
+        return
+    for name, d in domains.items():
+        for key in ("teacher", "distill_coef", "reward_coef"):
+            if isinstance(d, Mapping) and d.get(key) is not None:
+                raise ConfigError(f"domains.{name}.{key}: read only by on-policy distillation; set "
+                                  f"algorithm.objective=distill (it is {objective})")
 
 
 def trains_on_dataset(cfg: Mapping) -> bool:
@@ -158,6 +204,7 @@ def validate(cfg: Mapping) -> None:
         if "old_logprobs" in a:
             check_choice(a, "old_logprobs", "algorithm", {"inference", "trainer"})
         check_number(a, "tis_cap", "algorithm", lo=1, optional=True)
+        validate_distill(cfg)
     for key in ("keep_sampling_mask", "keep_routing"):
         check_choice(a, key, "algorithm", AUTO_BOOL)
     for key in ("max_kb_per_sample", "max_mb_per_worker"):
@@ -186,6 +233,8 @@ def validate_eval(e: Mapping) -> None:
     check_number(e, "top_p", "eval", lo=0, lo_open=True, hi=1, optional=True)
     check_number(e, "top_k", "eval", lo=0, integer=True, optional=True)
     check_number(e, "pass_threshold", "eval", optional=True)
+    if "before_train" in e:
+        check_choice(e, "before_train", "eval", {True, False})
 
 
 def needs_reference(cfg: Mapping) -> bool:

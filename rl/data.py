@@ -94,13 +94,40 @@ def load_domain_rows(domain: str, ds_cfg: Mapping, required: set[str] = frozense
     return rows
 
 
-def render_prompt(tokenizer, system_prompt: str | None, row: Mapping, template_kwargs: Mapping) -> tuple[str, list[int]]:
-    """A dataset row as the policy sees it: the chat template over [system], user, then the assistant's turn."""
+def thinking_modes(domain_spec: Mapping) -> list[bool] | None:
+    """The thinking modes a domain's prompts are rendered in (`domains.<d>.thinking`): [True], [False], [True, False]
+    (`both`), or None (not set: the chat template's default, the mode unknown). On an agent domain without it,
+    `agent.thinking` when given (the older key)."""
+    value = domain_spec.get("thinking")
+    agent = domain_spec.get("agent")
+    if value is None and isinstance(agent, Mapping):
+        value = agent.get("thinking")
+    if value is None:
+        return None
+    return [True, False] if value == "both" else [bool(value)]
+
+
+def draw_mode(modes: list[bool] | None, seed: int, step: int, domain: str, k: int) -> bool | None:
+    """The mode of the k-th prompt of `domain` in step `step` (a GRPO group: all its samples share it). With two
+    modes they alternate from a start drawn from (seed, step, domain), so a step holds both in equal shares (+-1) and
+    a resumed run draws the same ones."""
+    if not modes:
+        return None
+    start = zlib.crc32(f"{seed}:{step}:{domain}".encode()) if len(modes) > 1 else 0
+    return modes[(start + k) % len(modes)]
+
+
+def render_prompt(tokenizer, system_prompt: str | None, row: Mapping, template_kwargs: Mapping,
+                  thinking: bool | None = None) -> tuple[str, list[int]]:
+    """A dataset row as the policy sees it: the chat template over [system], user, then the assistant's turn.
+    `thinking` (not None) adds `enable_thinking` to the template's kwargs (the embedded template and Qwen3's read it:
+    false pre-fills an empty think block); None renders with `template_kwargs` as given."""
     messages = []
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": str(row["prompt"])})
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
+    kwargs = dict(template_kwargs) if thinking is None else {**template_kwargs, "enable_thinking": bool(thinking)}
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
     return text, tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -125,6 +152,7 @@ class PromptMixture:
         weights = np.array([float(domains[d]["weight"]) for d in self.names])
         self.probs = weights / weights.sum()
         self.system = {d: domains[d]["dataset"].get("system_prompt") for d in self.names}
+        self.modes = {d: thinking_modes(domains[d]) for d in self.names}
         required_fields = required_fields or {}
         self.rows = {d: load_domain_rows(d, domains[d]["dataset"], set(required_fields.get(d, ()))) for d in self.names}
         self.cursor = {d: [0, 0] for d in self.names}  # [epoch, position]
@@ -132,8 +160,8 @@ class PromptMixture:
         self.step = 0
         self.skipped_too_long = 0
 
-    def render(self, domain: str, row: Mapping) -> tuple[str, list[int]]:
-        return render_prompt(self.tokenizer, self.system[domain], row, self.template_kwargs)
+    def render(self, domain: str, row: Mapping, thinking: bool | None = None) -> tuple[str, list[int]]:
+        return render_prompt(self.tokenizer, self.system[domain], row, self.template_kwargs, thinking)
 
     def _order(self, domain: str, epoch: int) -> np.ndarray:
         cached = self._orders.get(domain)
@@ -153,22 +181,27 @@ class PromptMixture:
         return index, self.rows[domain][index]
 
     def next_batch(self, n: int) -> list[dict[str, Any]]:
-        """n prompts: {domain, index, prompt_text, prompt_ids, sample}. Over-long prompts are skipped."""
+        """n prompts: {domain, index, prompt_text, prompt_ids, sample, thinking}. Over-long prompts are skipped.
+        `thinking`: the mode the prompt is rendered in (`draw_mode`; None where the domain sets none)."""
         rng = np.random.default_rng([self.seed, self.step])
         picks = rng.choice(len(self.names), size=n, p=self.probs)
         batch = []
+        drawn: dict[str, int] = {}  # prompts of each domain so far this step
         for k in picks:
             domain = self.names[int(k)]
+            thinking = draw_mode(self.modes[domain], self.seed, self.step, domain, drawn.get(domain, 0))
+            drawn[domain] = drawn.get(domain, 0) + 1
             for _ in range(len(self.rows[domain]) + 1):
                 index, row = self._next_row(domain)
-                text, ids = self.render(domain, row)
+                text, ids = self.render(domain, row, thinking)
                 if len(ids) <= self.max_prompt_tokens:
                     break
                 self.skipped_too_long += 1
                 log.warning("domain %s row %d: prompt has %d tokens > data.max_prompt_tokens, skipped", domain, index, len(ids))
             else:
                 raise ConfigError(f"domains.{domain}: no prompt fits in data.max_prompt_tokens={self.max_prompt_tokens}")
-            batch.append({"domain": domain, "index": index, "prompt_text": text, "prompt_ids": ids, "sample": dict(row)})
+            batch.append({"domain": domain, "index": index, "prompt_text": text, "prompt_ids": ids, "sample": dict(row),
+                          "thinking": thinking})
         self.step += 1
         return batch
 
@@ -189,7 +222,8 @@ class PromptMixture:
 
 class EvalPrompts:
     """Held-out prompts per domain (`domains.<d>.eval_dataset`): the first `max_prompts` rows of each, rendered like
-    training prompts (the eval set's system_prompt, else the training dataset's)."""
+    training prompts (the eval set's system_prompt, else the training dataset's). A domain with `thinking: both`
+    alternates the modes over its prompts (the first thinking), so the eval costs what it did with one mode."""
 
     def __init__(self, domains: Mapping[str, Mapping], tokenizer, *, max_prompts: int, max_prompt_tokens: int,
                  chat_template_kwargs: Mapping | None = None, required_fields: Mapping[str, set[str]] | None = None):
@@ -202,16 +236,18 @@ class EvalPrompts:
                 continue
             system = ds.get("system_prompt", spec["dataset"].get("system_prompt"))
             rows = load_domain_rows(d, ds, set((required_fields or {}).get(d, ())), which="eval_dataset")
+            modes = thinking_modes(spec)
             kept = 0
             for index, row in enumerate(rows):
                 if kept == int(max_prompts):
                     break
-                text, ids = render_prompt(tokenizer, system, row, self.template_kwargs)
+                thinking = modes[kept % len(modes)] if modes else None
+                text, ids = render_prompt(tokenizer, system, row, self.template_kwargs, thinking)
                 if len(ids) > self.max_prompt_tokens:
                     log.warning("eval domain %s row %d: prompt longer than data.max_prompt_tokens, skipped", d, index)
                     continue
                 self.requests.append({"domain": d, "index": index, "prompt_text": text, "prompt_ids": ids,
-                                      "sample": dict(row), "group_id": f"eval-{d}-{index}"})
+                                      "sample": dict(row), "group_id": f"eval-{d}-{index}", "thinking": thinking})
                 kept += 1
 
     @property

@@ -1,4 +1,5 @@
-"""GRPO objective with the DeepSeek-V3.2 stabilisers, and the SFT loss, as small pure functions over tensors.
+"""GRPO objective with the DeepSeek-V3.2 stabilisers, on-policy distillation's per-token advantages, and the SFT loss,
+as small pure functions over tensors.
 
 Layout (see `rl.trajectory.TrainBatch`): token tensors are flat `[N]` over the generated positions of a
 micro-batch, `seq_index[N]` maps each token to its sample `0..B-1`, and per-sample tensors are `[B]`.
@@ -6,7 +7,7 @@ micro-batch, `seq_index[N]` maps each token to its sample `0..B-1`, and per-samp
 
 Notation: `logprobs` = log pi_theta(o_t) (the trainer's), `old_logprobs` = log pi_old(o_t) (the batch's
 `inference_logprobs`: the engine's logprob of the sampled token),
-`ref_logprobs` = log pi_ref(o_t). Every function works in any float dtype; tests run them in float64.
+`ref_logprobs` = log pi_ref(o_t), `teacher_logprobs` = log pi_teacher(o_t). Every function works in any float dtype; tests run them in float64.
 """
 
 from __future__ import annotations
@@ -141,6 +142,32 @@ def truncated_is_weight(old_logprobs: torch.Tensor, inference_logprobs: torch.Te
     return torch.exp((old_logprobs - inference_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).clamp(max=cap).detach()
 
 
+def distill_token_advantages(
+    advantages: torch.Tensor,
+    seq_index: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    reward_coef: torch.Tensor,
+    distill_coef: torch.Tensor,
+) -> torch.Tensor:
+    """On-policy distillation as a per-token advantage (the student samples, the teacher grades every token):
+
+        A_{i,t} = a_i * A_i + c_i * (log pi_teacher(o_t) - log pi_old(o_t)),
+
+    A_i = the sample's GRPO advantage, a_i = `reward_coef` (0: distillation alone), c_i = `distill_coef`. The second
+    term is minus the sampled-token estimate of the reverse KL, KL(pi_student || pi_teacher) = E_{o~pi_student}[log
+    pi_student(o) - log pi_teacher(o)], at each position. Put into the policy-gradient surrogate (ratio r_t =
+    pi_theta/pi_old, r = 1 on-policy), -E[r_t A_{i,t}] has the gradient c * E_{o~pi_theta}[(log pi_theta(o_t) - log
+    pi_teacher(o_t)) grad log pi_theta(o_t)] = c * grad_theta KL(pi_theta(.|s_t) || pi_teacher(.|s_t)) at every visited
+    state s_t (E[grad log pi] = 0 takes the baseline away); the effect of a token on later states is not credited
+    (discount 0, as in Thinking Machines' and slime's on-policy distillation). With Keep Sampling Mask both logprobs
+    are renormalised over the sampled kept set (the teacher's forward applies the batch's kept sets), so the KL is
+    the one between the truncated distributions the student actually samples from. Detached: a constant of the step.
+    Returns [N]."""
+    gap = (teacher_logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return ((reward_coef * advantages)[seq_index] + distill_coef[seq_index] * gap).detach()
+
+
 def grpo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -158,6 +185,7 @@ def grpo_loss(
     norm_seqs: int,
     norm_tokens: int,
     is_weight: torch.Tensor | None = None,
+    token_advantages: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO loss of one micro-batch with OPSM and a per-sample KL strength:
 
@@ -167,7 +195,8 @@ def grpo_loss(
     D = `unbiased_k3_kl` (or plain `k3_kl` when unbiased_kl=False), beta_i = kl_coef[i], agg = `aggregate`,
     w_t = `is_weight` (a constant per token, 1 when None): the truncated importance weight pi_old/pi_inference when
     pi_old is recomputed by the trainer (`truncated_is_weight`). ref_logprobs=None means no reference model was run;
-    then every kl_coef must be 0.
+    then every kl_coef must be 0. `token_advantages` [N] (on-policy distillation, `distill_token_advantages`) replace
+    A_i per token; OPSM then decides a sequence's sign by its mean token advantage.
 
     Returns (loss, stats); stats are detached: pg_loss / kl_loss (aggregated like the loss, kl_loss includes
     beta, so loss = pg_loss + kl_loss), kl_seq[B] (per-sample mean KL estimate, without beta), opsm_keep[B],
@@ -175,8 +204,10 @@ def grpo_loss(
     """
     B = advantages.shape[0]
     mask = loss_mask.to(logprobs.dtype)
-    pg_tok, clip_tok = clipped_pg_loss(logprobs, old_logprobs, advantages[seq_index].to(logprobs.dtype), eps_low, eps_high)
-    keep = opsm_keep(advantages, logprobs, old_logprobs, seq_index, mask, opsm_delta)
+    adv_tok = advantages[seq_index] if token_advantages is None else token_advantages
+    pg_tok, clip_tok = clipped_pg_loss(logprobs, old_logprobs, adv_tok.to(logprobs.dtype), eps_low, eps_high)
+    seq_adv = advantages if token_advantages is None else seq_mean(token_advantages, seq_index, mask, B)
+    keep = opsm_keep(seq_adv, logprobs, old_logprobs, seq_index, mask, opsm_delta)
     pg_tok = pg_tok * keep[seq_index].to(pg_tok.dtype)
     if is_weight is not None:
         pg_tok = pg_tok * is_weight.detach().to(pg_tok.dtype)

@@ -8,7 +8,8 @@ those tests, so the table cannot drift from what runs.
 Placeholders: <d> a domain, <part> a reward part's label, <tool> one of an agent environment's tools,
 <status> a tool call's status, <reason> an episode's termination reason, <piece> a part of the vLLM weight sync.
 
-The rows are those of an RL run (algorithm.objective=grpo, which "every step" means); an SFT run
+The rows are those of an RL run (algorithm.objective=grpo, which "every step" means); on-policy distillation
+(algorithm.objective=distill) logs them and the rows marked with it; an SFT run
 (algorithm.objective=sft) logs the rows marked SFT and the objective-free ones (step, entropy/*, grad_norm, lr,
 time/step, time/train, the train throughput and perf rows, memory/*).
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import re
 
+DISTILL = "algorithm.objective=distill"  # the rows only on-policy distillation logs (on every step of such a run)
 # (pattern, when it has a value, meaning). `when`: "every step", or the condition; "null ..." says when it is null.
 KEYS: list[tuple[str, str, str]] = [
     ("step", "every step", "the RL step (from 1); the x-axis of every chart"),
@@ -40,6 +42,14 @@ KEYS: list[tuple[str, str, str]] = [
     ("response_length/max", "every step", "most generated tokens of one sample"),
     ("response_length/truncated_frac", "every step", "share of samples cut at the token limit (finish reason length)"),
     ("response_length/<d>/mean", "null when the step drew no prompt of <d>", "mean generated tokens per domain"),
+    ("mode/<d>/thinking/reward_mean", "null when the step drew no thinking-mode prompt of <d>; only for a domain "
+     "whose thinking mode is set", "mean total reward of the domain's samples rendered in thinking mode"),
+    ("mode/<d>/thinking/response_length_mean", "null when the step drew no thinking-mode prompt of <d>; only for a "
+     "domain whose thinking mode is set", "mean generated tokens of those samples"),
+    ("mode/<d>/non_thinking/reward_mean", "null when the step drew no non-thinking prompt of <d>; only for a domain "
+     "whose thinking mode is set", "mean total reward of the domain's samples rendered in non-thinking mode"),
+    ("mode/<d>/non_thinking/response_length_mean", "null when the step drew no non-thinking prompt of <d>; only for a "
+     "domain whose thinking mode is set", "mean generated tokens of those samples"),
     ("advantage/abs_mean", "every step", "mean |advantage| over the step's samples (0: nothing to learn from)"),
     ("advantage/zero_variance_group_frac", "every step", "share of groups whose samples all got the same reward: "
      "their advantages are 0"),
@@ -124,6 +134,11 @@ KEYS: list[tuple[str, str, str]] = [
     ("sft/epoch", "SFT", "epochs of the dataset drawn so far (fractional)"),
     ("sft/truncated", "SFT", "conversations cut at algorithm.max_tokens so far"),
     ("time/data", "SFT", "seconds spent drawing, rendering and tokenising the step's conversations"),
+    ("distill/reverse_kl", DISTILL, "mean over the loss tokens of the domains with a teacher of log pi_old - log "
+     "pi_teacher: the sampled estimate of KL(student || teacher) per token (null when the step drew none of them)"),
+    ("distill/<d>/reverse_kl", DISTILL, "the same for one domain (null for a domain without a teacher or without "
+     "samples in the step)"),
+    ("time/teacher", DISTILL, "seconds of the teachers' forwards"),
     ("eval/k", "eval steps", "samples per held-out prompt (eval.n_samples)"),
     ("eval/<d>/mean@k", "eval steps", "mean reward of all held-out samples of the domain"),
     ("eval/<d>/pass@k", "eval steps", "share of held-out prompts with at least one passing sample"),

@@ -30,10 +30,12 @@ def zero_variance_group_frac(trajs: list[Trajectory]) -> float:
 
 
 def rollout_metrics(trajs: list[Trajectory], domain_parts: Mapping[str, list[str]] | None = None,
-                    staleness: int = 0, agent_domains: list[str] = ()) -> dict[str, float | None]:
+                    staleness: int = 0, agent_domains: list[str] = (),
+                    domain_modes: Mapping[str, list[bool]] | None = None) -> dict[str, float | None]:
     """Rewards, lengths and rollout facts of the step's samples. `domain_parts` (domain -> reward part labels, from
-    the config) and `agent_domains` make every domain's keys appear on every step, null when the step drew no
-    prompt of it; `staleness` = how many weight updates the sampling weights are behind the trained ones."""
+    the config), `agent_domains` and `domain_modes` (domain -> its thinking modes, `rl.data.thinking_modes`) make
+    every domain's keys appear on every step, null when the step drew no prompt of it (of that mode);
+    `staleness` = how many weight updates the sampling weights are behind the trained ones."""
     m: dict[str, float | None] = {
         "reward/mean": _mean([t.reward for t in trajs]),
         "reward/std": float(np.std([t.reward for t in trajs])) if trajs else 0.0,
@@ -60,7 +62,29 @@ def rollout_metrics(trajs: list[Trajectory], domain_parts: Mapping[str, list[str
         m[f"response_length/{d}/mean"] = _mean([t.num_generated_tokens for t in ts]) if ts else None
         for part in sorted({*domain_parts.get(d, ()), *(p for t in ts for p in t.reward_parts)}):
             m[f"reward/{d}/{part}"] = _mean([t.reward_parts.get(part, 0.0) for t in ts]) if ts else None
+    m.update(mode_metrics(trajs, domain_modes))
     m.update(agent_metrics(trajs, agent_domains))
+    return m
+
+
+MODE_NAMES = {True: "thinking", False: "non_thinking"}
+
+
+def mode_metrics(trajs: list[Trajectory], domain_modes: Mapping[str, list[bool]] | None = None) -> dict:
+    """Per domain and thinking mode (`domains.<d>.thinking`): `mode/<d>/<thinking|non_thinking>/reward_mean` and
+    `.../response_length_mean`, for the modes the domain is configured with (`domain_modes`) and any a sample
+    carries; null when the step drew no sample of that mode. Samples without a mode (None) are not split."""
+    by_mode: dict[tuple[str, bool], list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        if t.thinking is not None:
+            by_mode[t.domain, bool(t.thinking)].append(t)
+    keys = {(d, bool(mode)) for d, modes in (domain_modes or {}).items() for mode in modes or ()} | set(by_mode)
+    m: dict[str, float | None] = {}
+    for d, mode in sorted(keys, key=lambda k: (k[0], not k[1])):
+        ts = by_mode.get((d, mode), [])
+        prefix = f"mode/{d}/{MODE_NAMES[mode]}"
+        m[f"{prefix}/reward_mean"] = _mean([t.reward for t in ts]) if ts else None
+        m[f"{prefix}/response_length_mean"] = _mean([t.num_generated_tokens for t in ts]) if ts else None
     return m
 
 

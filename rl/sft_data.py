@@ -3,7 +3,9 @@ the assistant's tokens only, drawn a batch per step in a seeded order (`algorith
 
 A row is `{"messages": [...], "tools": [...]}` (tools optional): roles system / user / assistant / tool; an assistant
 message may hold `tool_calls` (OpenAI's `{"type": "function", "function": {"name", "arguments"}}`, arguments a JSON
-string or an object) and `reasoning_content`; a tool message holds a tool's result as `content`.
+string or an object) and `reasoning_content`; a tool message holds a tool's result as `content`. A row that also
+carries `token_ids` and `loss_mask` (mapped in `columns`; launch.generate writes them: the exact tokens its generator
+sampled, 1 on the generated ones) is trained on those tokens instead of the template's rendering of its messages.
 
 Where the assistant's tokens are (`assistant_spans`): the conversation is rendered once whole, and for each assistant
 message i also up to message i-1 (with and without the generation prompt) and up to message i. Each must be a prefix
@@ -183,10 +185,13 @@ class ConversationDataset:
         to its last assistant token, `loss_mask` over the response, no inference logprobs. None when no assistant
         token is within `max_tokens`."""
         row = self.rows[index]
-        try:
-            r = render_conversation(self.tokenizer, row["messages"], row.get("tools"), self.template_kwargs)
-        except Exception as e:  # noqa: BLE001 - a template error, or one of ours: name the row
-            raise ConfigError(f"{self.key}: row {index}: {e}") from None
+        if "token_ids" in row:
+            r = self._sampled_tokens(index, row)
+        else:
+            try:
+                r = render_conversation(self.tokenizer, row["messages"], row.get("tools"), self.template_kwargs)
+            except Exception as e:  # noqa: BLE001 - a template error, or one of ours: name the row
+                raise ConfigError(f"{self.key}: row {index}: {e}") from None
         ids, mask = r.ids, r.loss_mask
         if len(ids) > self.max_tokens:
             ids, mask = ids[: self.max_tokens], mask[: self.max_tokens]
@@ -199,6 +204,23 @@ class ConversationDataset:
         return Trajectory(uid=f"sft-{index}-e{epoch}", group_id=f"sft-{index}", domain=DOMAIN, prompt_ids=ids[:first],
                           response_ids=ids[first:last], inference_logprobs=None, loss_mask=mask[first:last],
                           prompt_text=r.text[:cut], response_text=r.text[cut:], sample={"index": index, "epoch": epoch})
+
+    def _sampled_tokens(self, index: int, row: Mapping) -> "Rendered":
+        """A row with the exact tokens a generator sampled (`token_ids`, and `loss_mask` 1 on the tokens it generated;
+        launch.generate writes both): trained as they are, token in, token out, with no chat template. This is how
+        an agent episode of a model whose template cannot render tools (SmolLM2: the tools were described in the
+        system text) trains on exactly what was sampled. The ids must be the policy's vocabulary."""
+        ids, mask = np.asarray(row["token_ids"], dtype=np.int64), np.asarray(row.get("loss_mask", []), dtype=np.float32)
+        if ids.ndim != 1 or mask.shape != ids.shape:
+            raise ConfigError(f"{self.key}: row {index}: token_ids and loss_mask must be two lists of one length "
+                              f"(got {ids.shape} and {mask.shape})")
+        if len(ids) and (ids.min() < 0 or ids.max() >= len(self.tokenizer)):
+            raise ConfigError(f"{self.key}: row {index}: token id {int(ids.max())} is outside the policy's vocabulary "
+                              f"({len(self.tokenizer)} tokens): these token_ids come from another tokenizer")
+        # the text (for the samples' prompt_text / response_text) piece by piece, so that offsets index it
+        pieces = self.tokenizer.batch_decode([[int(i)] for i in ids], skip_special_tokens=False)
+        starts = np.concatenate([[0], np.cumsum([len(p) for p in pieces])[:-1]]).astype(np.int64)
+        return Rendered("".join(pieces), ids.astype(np.int32), mask, starts)
 
     def _order(self, epoch: int) -> np.ndarray:
         if self._orders is None or self._orders[0] != epoch:

@@ -61,9 +61,17 @@ class Trajectory:
     # Multi-turn: what happened in the episode (environment, turns, tool calls, termination, the verifier's outcome),
     # filled by the rollout; the `env_verifier` reward reads its outcome. None for single-turn samples.
     episode: dict[str, Any] | None = None
+    # The chat template's thinking mode the prompt was rendered in (`domains.<d>.thinking`, from the prompt request);
+    # None where the domain sets no mode (the template's default). Metrics split by it (`mode/<d>/...`).
+    thinking: bool | None = None
     advantage: float = 0.0
     kl_coef: float = 0.0  # this sample's domain KL strength (domains.<d>.kl_coef)
     opsm_delta: float | None = None  # this sample's domain OPSM threshold (domains.<d>.opsm_delta), None = off
+    # On-policy distillation (algorithm.objective=distill, a domain with a teacher): the teacher's logprob of every
+    # response token (float32 [R]), and the domain's weights of the GRPO advantage and the teacher term
+    teacher_logprobs: np.ndarray | None = None
+    reward_coef: float = 1.0  # domains.<d>.reward_coef
+    distill_coef: float = 0.0  # domains.<d>.distill_coef (0 where the domain has no teacher)
 
     def __post_init__(self) -> None:
         self.prompt_ids = np.asarray(self.prompt_ids, dtype=np.int32)
@@ -147,6 +155,11 @@ class TrainBatch:
     domains: list[str]
     position_ids: torch.Tensor | None = None  # long [1, T], packed only
     ref_logprobs: torch.Tensor | None = None  # float [N]; reference logprobs (0 for samples with kl_coef == 0)
+    # On-policy distillation: float [N] teacher logprobs (0 for samples without a teacher; their distill_coef is 0),
+    # and float [B] reward_coef / distill_coef; None when no sample of the batch has a teacher
+    teacher_logprobs: torch.Tensor | None = None
+    reward_coef: torch.Tensor | None = None
+    distill_coef: torch.Tensor | None = None
     # float [N]; pi_old recomputed by the trainer before its first update (algorithm.old_logprobs=trainer), else
     # None: pi_old is the engine's inference_logprobs
     old_logprobs: torch.Tensor | None = None
@@ -236,6 +249,13 @@ def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> Train
     if any(with_logprobs) or not has:
         inference_logprobs = cat([np.zeros(0) if t.inference_logprobs is None else t.inference_logprobs for t in trajs],
                                  np.float32)
+    teacher_logprobs = reward_coef = distill_coef = None
+    if any(t.teacher_logprobs is not None for t in trajs):
+        teacher_logprobs = cat([t.teacher_logprobs if t.teacher_logprobs is not None else np.zeros(len(t.response_ids))
+                                for t in trajs], np.float32)
+        reward_coef = torch.tensor([t.reward_coef for t in trajs], dtype=torch.float32)
+        distill_coef = torch.tensor([t.distill_coef if t.teacher_logprobs is not None else 0.0 for t in trajs],
+                                    dtype=torch.float32)
     return TrainBatch(
         input_ids=input_ids,
         logit_index=torch.cat(logit_index),
@@ -260,4 +280,7 @@ def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> Train
             if any(t.ref_logprobs is not None for t in trajs)
             else None
         ),
+        teacher_logprobs=teacher_logprobs,
+        reward_coef=reward_coef,
+        distill_coef=distill_coef,
     )

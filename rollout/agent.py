@@ -11,6 +11,12 @@ Stitched into one `Trajectory` per episode: response = everything after the firs
 model's tokens; `inference_logprobs` and kept sets come from the engine for generated tokens (0 and an empty kept
 set for tool tokens, which have loss mask 0); routes (Keep Routing) are the first turn's rows, then each later
 turn's new rows, the first of which is the previous turn's last generated token as that turn's prefill routed it.
+The episode's record (`Trajectory.episode`) also holds it as chat messages (`messages`: the task, each model turn as
+the tool-call format parsed it, each tool result as the model read it), which data generation writes out.
+
+Thinking mode: an episode runs in its request's mode (`thinking`, from `domains.<d>.thinking`; else
+`agent.thinking`), so one call may hold episodes of both modes; each mode has its own tool-call format object, whose
+first prompt and tool-result texts (the next turn's prefill) follow that mode.
 
 An episode ends when the model submits (the environment's final tool), answers without a tool call (unless
 `require_submit`, which instead tells it to use its tools, as a tool error), reaches `max_turns`, or would pass
@@ -108,6 +114,17 @@ def safe_text(text) -> str:
     return text.replace("\x00", "\ufffd") if "\x00" in text else text
 
 
+def safe_value(value):
+    """`safe_text` over every string of a JSON-like value (a parsed tool call's arguments may hold lone surrogates)."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return {safe_text(k): safe_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [safe_value(v) for v in value]
+    return value
+
+
 def _describe(exc: BaseException) -> str:
     try:
         return safe_text(f"{type(exc).__name__}: {exc}")[:500]
@@ -140,6 +157,12 @@ class _Episode:
     tool_wall_s: float = 0.0
     parsed: object = None  # the last turn, parsed by the tool-call format
     cut_turn: bool = False  # the last turn stopped at max_new_tokens, without its end token
+    thinking: bool = False  # the episode's thinking mode (the request's, else agent.thinking)
+    format: object = None  # the tool-call format of that mode (AgentRunner.format_for)
+    # The episode as chat messages (system, user, then assistant turns as the format parsed them and `tool` results
+    # as the model saw them), for data generation (launch/generate.py); a demonstration's turns are not in it.
+    messages: list[dict] = field(default_factory=list)
+    tool_contents: list[str] = field(default_factory=list)  # the last tool message's results, as `tool` contents
 
     @property
     def context(self) -> list[int]:
@@ -188,18 +211,20 @@ class AgentRunner:
 
     def __init__(self, engine, tokenizer, cfg: AgentConfig, code_sandbox: Mapping | None = None):
         from rollout.envs.base import load_env
-        from rollout.tool_format import tool_format
 
         self.engine, self.tok, self.cfg = engine, tokenizer, cfg
         self.env = load_env(cfg.env)
         # The run's `rewards.code` section: tools that run code (code_interpreter) build their sandbox from it, so
         # require_os_isolation, the package allow-list and the write quota hold there as in the code reward.
         self.env.config["code_sandbox"] = dict(code_sandbox or {})
-        self.format = tool_format(cfg.format, tokenizer, thinking=cfg.thinking)
+        # One format per thinking mode: a format keeps its mode between an episode's texts (initial_prompt sets it),
+        # so episodes of both modes in one call must not share one. `format` is agent.thinking's.
+        self._formats: dict = {}
+        self.format = self.format_for(cfg.thinking)
         self.tools = self.env.tool_schemas()
         # A request's sample may be just {id, prompt}: the environment's own task row (with its data) is used then.
         self._tasks = {str(t["id"]): t for t in self.env.tasks()}
-        self._demos: dict[str, str] = {}  # agent.demo: the solved episode's turns, per demonstration task
+        self._demos: dict[tuple, str] = {}  # agent.demo: the solved episode's turns, per demonstration task
         self._pool = cf.ThreadPoolExecutor(max(1, int(cfg.tool_workers)), thread_name_prefix="agent-tools")
 
     # -- episode set-up ------------------------------------------------------------------------------------
@@ -207,14 +232,26 @@ class AgentRunner:
         """The task an episode runs: the environment's own row with the sample's id, else the sample itself."""
         return self._tasks.get(str(sample.get("id")), sample)
 
-    def _prompt_ids(self, sample: dict) -> list[int]:
+    def format_for(self, thinking: bool):
+        """The tool-call format of one thinking mode (built once per mode)."""
+        from rollout.tool_format import tool_format
+
+        if bool(thinking) not in self._formats:
+            self._formats[bool(thinking)] = tool_format(self.cfg.format, self.tok, thinking=bool(thinking))
+        return self._formats[bool(thinking)]
+
+    def _messages(self, sample: dict) -> list[dict]:
         system = "\n\n".join(x for x in (self.cfg.system_prompt, self.env.description) if x)
+        return [{"role": "system", "content": system}, {"role": "user", "content": str(sample["prompt"])}]
+
+    def _prompt_ids(self, sample: dict, thinking: bool | None = None) -> list[int]:
+        """The episode's first prompt in `thinking` mode (None: agent.thinking)."""
+        thinking = self.cfg.thinking if thinking is None else bool(thinking)
+        fmt = self.format_for(thinking)
         demo = self._demo_task(sample) if self.cfg.demo else None
-        first = demo if demo is not None else sample
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": str(first["prompt"])}]
-        text = self.format.initial_prompt(messages, self.tools, thinking=self.cfg.thinking)
+        text = fmt.initial_prompt(self._messages(demo if demo is not None else sample), self.tools, thinking=thinking)
         if demo is not None:
-            text += self._demo_turns(demo) + self.format.user_text(str(sample["prompt"]))
+            text += self._demo_turns(demo, fmt) + fmt.user_text(str(sample["prompt"]))
         return self._encode(text)  # our own text and the task's, not model output
 
     def _demo_task(self, sample: dict) -> dict:
@@ -226,11 +263,11 @@ class AgentRunner:
         after = [t for t in tasks if str(t["id"]) > str(sample.get("id"))]
         return (after or tasks)[0]
 
-    def _demo_turns(self, task: dict) -> str:
+    def _demo_turns(self, task: dict, fmt) -> str:
         """The assistant turns of `task` solved by the environment's reference solution, each call run through the
         tools in a fresh session and its real result shown, as the loop would append them; ends with the submit
-        call's turn. Cached per task."""
-        key = str(task["id"])
+        call's turn. Cached per task and format (mode)."""
+        key = (str(task["id"]), fmt.thinking)
         if key not in self._demos:
             calls = self.env.reference_solution(task)
             if calls is None:
@@ -238,12 +275,12 @@ class AgentRunner:
             session, text = self.env.reset(task), []
             try:
                 for name, args in calls:
-                    text.append(self.format.call_text([(name, args)]) + self.format.end_token)
+                    text.append(fmt.call_text([(name, args)]) + fmt.end_token)
                     if name == self.env.submit_tool:
                         break
                     res = session.call(name, dict(args))
-                    text.append(self.format.tool_results_text([(None, self._fit(safe_text(res.content),
-                                                                                 self.cfg.max_tool_output_tokens))]))
+                    result = self._fit(safe_text(res.content), self.cfg.max_tool_output_tokens)
+                    text.append(fmt.tool_results_text([(None, result)]))
             finally:
                 session.close()
             self._demos[key] = "".join(text)
@@ -264,18 +301,21 @@ class AgentRunner:
 
     # -- the loop ------------------------------------------------------------------------------------------
     def run(self, requests: list[dict], sp: SamplingParams) -> list[Trajectory]:
-        """requests: {group_id, domain, sample (the task row), ...}; sp.n episodes per request."""
+        """requests: {group_id, domain, sample (the task row), thinking (optional: the episodes' mode; None or absent:
+        agent.thinking), ...}; sp.n episodes per request."""
         episodes: list[_Episode] = []
         try:
             for req in requests:
                 task = self.task_of(req["sample"])
-                prompt_ids = self._prompt_ids(task)
+                thinking = self.cfg.thinking if req.get("thinking") is None else bool(req["thinking"])
+                prompt_ids = self._prompt_ids(task, thinking)
                 if len(prompt_ids) >= self.cfg.max_context_tokens:
                     log.warning("agent task %s: its first prompt is %d tokens, not below max_context_tokens=%d; its "
                                 "episodes end before the first turn (raise the limit or shorten the task)",
                                 task.get("id"), len(prompt_ids), self.cfg.max_context_tokens)
                 for j in range(sp.n):
-                    ep = _Episode({**req, "task": task}, j, None, prompt_ids)
+                    ep = _Episode({**req, "task": task}, j, None, prompt_ids, thinking=thinking,
+                                  format=self.format_for(thinking), messages=self._messages(task))
                     episodes.append(ep)  # before anything else can fail, so that `finally` closes every session
                     try:
                         ep.session = self.env.reset(task)
@@ -323,8 +363,9 @@ class AgentRunner:
             seed = None if sp.seed is None else (sp.seed + 7919 * (turn + 1)) % (2**63)
             # a turn ends at the format's end token even where it is not the tokenizer's EOS (a base model with
             # ChatML markup: EOS <|endoftext|>, turns end at <|im_end|>)
+            stops = {i for ep in eps for i in ep.format.stop_ids}  # one set per format name: the modes' are equal
             tsp = dataclasses.replace(sp, n=1, max_new_tokens=room, seed=seed,
-                                      stop_token_ids=sorted({*sp.stop_token_ids, *self.format.stop_ids}))
+                                      stop_token_ids=sorted({*sp.stop_token_ids, *stops}))
             for ep, gens in zip(eps, self.engine.generate([ep.context for ep in eps], tsp)):
                 try:
                     (g,) = gens
@@ -335,7 +376,8 @@ class AgentRunner:
                     ep.cut_turn = g.finish_reason == "length"
                     if ep.cut_turn and room < sp.max_new_tokens:
                         ep.reason = "length"  # the episode's budget, not the turn's, ran out
-                    ep.parsed = self.format.parse(text)
+                    ep.parsed = ep.format.parse(text)
+                    ep.messages.append(ep.parsed.to_message())
                 except Exception as exc:  # noqa: BLE001
                     self._fail(ep, "model turn", exc)
 
@@ -398,6 +440,7 @@ class AgentRunner:
             return
         ep.add_tool_tokens(ids)
         ep.transcript.append(text)
+        ep.messages += [{"role": "tool", "content": content} for content in ep.tool_contents]
 
     def _tool_message(self, ep: _Episode, done: list) -> tuple[str, list[int]]:
         """The one place where tool results and the environment's messages become tokens: each text made safe for
@@ -408,10 +451,13 @@ class AgentRunner:
         errors = [safe_text(e) for e in ep.parsed.errors]
         if not done and not errors:  # require_submit: an answer without a tool call
             errors = [NO_TOOL_CALLED]
-        text = self.format.tool_results_text(items + [(None, e) for e in errors]) if items else \
-            self.format.error_text(errors)
+        fmt = ep.format or self.format_for(ep.thinking)
+        text = fmt.tool_results_text(items + [(None, e) for e in errors]) if items else fmt.error_text(errors)
+        # the results as the model read them (escaped), one `tool` message each, for the episode's messages
+        ep.tool_contents = [fmt.escape(c if isinstance(c, str) else str(c)) for _, c in items] + \
+            [fmt.escape(e) for e in errors]
         if ep.cut_turn:  # the turn hit max_new_tokens before its end token: close it first (not trained on)
-            text = self.format.end_token + text
+            text = fmt.end_token + text
         text = safe_text(text)
         return text, self._encode(text)
 
@@ -450,7 +496,8 @@ class AgentRunner:
             "env": self.env.name, "turns": ep.turns, "termination": ep.reason, "calls": ep.calls,
             "generated_tokens": int(sum(ep.generated)), "tool_tokens": int(R - sum(ep.generated)),
             "tool_wall_s": round(ep.tool_wall_s, 4), "outcome": self._outcome(ep),
-            "transcript": "".join(ep.transcript), **({"error": ep.error} if ep.error else {}),
+            "transcript": "".join(ep.transcript), "messages": safe_value(ep.messages),
+            **({"error": ep.error} if ep.error else {}),
         }
         loss = np.asarray(ep.loss, np.float32)
         if ep.reason == "error":  # nothing of a failed episode is trained on: the failure may not be the model's
@@ -463,7 +510,7 @@ class AgentRunner:
             loss_mask=loss, generated=np.asarray(ep.generated, bool),
             kept_ids=kept_ids, kept_offsets=kept_offsets, kept_set_cut=ep.kept_set_cut, routed_experts=ep.routes,
             prompt_text=self.tok.decode(ep.prompt_ids), response_text="\n".join(ep.texts),
-            sample=req["sample"], episode=episode,
+            sample=req["sample"], episode=episode, thinking=req.get("thinking"),
         )
 
     def close(self) -> None:

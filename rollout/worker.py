@@ -47,7 +47,10 @@ class RolloutWorker:
             if block.get("agent"):
                 from rollout.agent import AgentConfig, AgentRunner
 
-                self._agents[name] = AgentRunner(self.engine, self.tokenizer, AgentConfig.from_config(block["agent"]),
+                agent = dict(block["agent"])
+                if isinstance(block.get("thinking"), bool):  # domains.<d>.thinking wins over agent.thinking
+                    agent["thinking"] = block["thinking"]
+                self._agents[name] = AgentRunner(self.engine, self.tokenizer, AgentConfig.from_config(agent),
                                                  code_sandbox=(cfg.get("rewards") or {}).get("code"))
 
     def ready(self) -> int:
@@ -89,8 +92,9 @@ class RolloutWorker:
 
     def generate(self, requests: list[dict], step: int, overrides: dict | None = None,
                  scorers: list | None = None) -> list[Trajectory]:
-        """requests: {group_id, domain, prompt_ids, prompt_text, sample}; returns n trajectories per request, in
-        request order. A domain with an `agent` block runs multi-turn episodes (rollout/agent.py).
+        """requests: {group_id, domain, prompt_ids, prompt_text, sample, thinking (optional: the mode the prompt was
+        rendered in, copied to the trajectories)}; returns n trajectories per request, in request order. A domain
+        with an `agent` block runs multi-turn episodes (rollout/agent.py).
         `overrides`: rollout keys (n_samples, temperature, top_p, top_k) for this call only: held-out evaluation,
         whose samples are never trained on (so no kept sets are recorded for them).
         `scorers`: the RewardWorker handles; this worker's share is scored by scorers[rank mod len] (the driver's
@@ -169,4 +173,5 @@ class RolloutWorker:
             prompt_text=req["prompt_text"],
             response_text=response_text,
             sample=req["sample"],
+            thinking=req.get("thinking"),
         )

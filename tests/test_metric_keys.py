@@ -6,9 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rl.metric_keys import KEYS, markdown_table, row_of
+from rl.metric_keys import DISTILL, KEYS, markdown_table, row_of
 from rl.metrics import eval_metrics, rollout_metrics, step_metrics, trainer_metrics
 from rl.trajectory import Trajectory
+from trainer.objectives import DISTILL as DISTILL_OBJECTIVE
 from trainer.objectives import GRPO
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +49,9 @@ def test_every_key_the_metric_functions_make_has_a_row():
     sums = {"loss/pg": 1.0, "loss/kl": 0.0, "tokens": 3, "clip_tokens": 1, "is_weight_sum": 3.0, "is_clip_sum": 0.0,
             "gpu_free_gib": 1.0, "gpu_others_gib": 1.0, "gpu_peak_gib": 1.0, "seqs/logic": 2, "kl_seqs/logic": 2}
     keys |= set(trainer_metrics([sums], ["logic", "math"], 1, GRPO.metrics))
-    times = {f"time/{p}": 1.0 for p in ("rollout", "reward", "ref", "train", "sync", "step", "generate")}
+    distilled = {**sums, "distill_gap/logic": 0.5, "distill_tokens/logic": 3}
+    keys |= set(trainer_metrics([distilled], ["logic", "math"], 1, DISTILL_OBJECTIVE.metrics))
+    times = {f"time/{p}": 1.0 for p in ("rollout", "reward", "ref", "train", "sync", "step", "generate", "teacher")}
     keys |= set(step_metrics(3, times, 10, 0))
     keys |= set(eval_metrics(trajs[:2], 4, {"logic": "exact_match"}, 1.0))
     assert [k for k in sorted(keys) if row_of(k) is None] == []
@@ -65,7 +68,8 @@ def test_a_real_runs_keys_are_the_table(quick_start_run):
     keys = {k for row in quick_start_run.rows for k in row}
     assert [k for k in sorted(keys) if row_of(k) is None] == [], "keys logged with no row in rl/metric_keys.py"
     seen = {row_of(k) for k in keys}
-    rl_rows = {p for p, when, _ in KEYS if when != "SFT"}  # the SFT rows: tests/test_sft.py's run
+    # the SFT rows: tests/test_sft.py's run; the distillation rows: tests/test_distill.py's
+    rl_rows = {p for p, when, _ in KEYS if when not in ("SFT", DISTILL)}
     assert rl_rows - seen - NOT_ON_THE_CPU_DEFAULT == set(), "rows the run never logged"
     always = [p for p, when, _ in KEYS if when == "every step" or when.startswith("null")]
     for row in quick_start_run.rows:  # every-step rows are on every step (null allowed where the row says)

@@ -29,21 +29,28 @@ RUN_BY_CI = {'pip install -e ".[test]"', 'pytest -m "not gpu"'}
 # checks; the others are named).
 GPU_ONLY = {"pip install torch", 'pip install -e ".[gpu]"', 'pip install -e ".[flash]" --no-build-isolation',
             "ray start --head", "ray start --address=...", "pytest -m gpu", "python -m launch.train +experiment=smol_agent",
-            "python -m launch.train +experiment=smol_math"}
+            "python -m launch.train +experiment=smol_math", "python -m launch.pipeline +experiment=smol_pipeline"}
 # Run as written on this machine (slow ones are run by tests marked slow, see RUN_SLOW).
 RUN_FAST = {"python -m launch.train +experiment=mixed_rl --cfg job --resolve", "python -m launch.check_env [ENV]",
             "python -m rl.metric_keys",
-            "python -m launch.score IN.jsonl --out OUT.jsonl +experiment=mixed_rl", "python -m rl.models smollm2"}
+            "python -m launch.score IN.jsonl --out OUT.jsonl +experiment=mixed_rl", "python -m rl.models smollm2",
+            "python -m launch.generate +experiment=mixed_rl generate.k=2 generate.max_prompts=2 generate.keep=all "
+            "generate.out=generated"}
 RUN_SLOW = {"python -m launch.train +experiment=mixed_rl",  # tests/conftest.py: quick_start_run
             "python -m launch.report RUN_DIR",  # tests/test_report.py, on quick_start_run's run_dir
             "python -m launch.filter_tasks DOMAIN --k 8 --out kept.jsonl +experiment=mixed_rl",
             "python -m launch.train +experiment=mixed_rl ++domains.agent.dataset.path=kept.jsonl",
-            "python -m launch.sft +experiment=sft"}  # tests/test_sft.py: test_launch_sft_learns_checkpoints_and_resumes...
+            "python -m launch.sft +experiment=sft",  # tests/test_sft.py: test_launch_sft_learns_checkpoints_and_resumes...
+            # tests/test_pipeline.py: test_the_pipeline_runs_skips_and_resumes (as written, plus run_dir=<tmp>)
+            "python -m launch.pipeline +experiment=v32_pipeline"}
 # launch.train with more overrides than the main job: composed and checked as a run checks them at start.
 CONFIG_ONLY = {"python -m launch.train +experiment=mixed_rl domains.math.kl_coef=0.001 domains.code.opsm_delta=null",
-               "python -m launch.train +experiment=sft"}
+               "python -m launch.train +experiment=sft",
+               "python -m launch.train +experiment=mixed_rl algorithm.objective=distill "
+               "++domains.math.teacher=embedded:tiny-dense"}
 # Not commands to run: a tool named in passing, the names of other tools' commands.
-NAMED_ONLY = {"python -m launch.score", "python -m launch.train", "wandb sync", "pip download --no-deps",
+NAMED_ONLY = {"python -m launch.score", "python -m launch.train", "python -m launch.generate", "wandb sync", "pip download --no-deps",
+              "python -m launch.pipeline",
               "pip install torch==2.13.0",
               # ~45 min on 2 cores; tests/test_mutation_runner.py runs it on two mutants (marked slow)
               "python benchmarks/mutation_test.py"}
@@ -138,6 +145,25 @@ def test_score_runs_as_written(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = [json.loads(x) for x in (tmp_path / "OUT.jsonl").read_text().splitlines()]
     assert out[0]["parts"]["exact_match"] == 1.0 and out[1]["parts"]["math"] == 0.0
+
+
+def test_generate_runs_as_written(tmp_path):
+    """Every domain of the embedded default (math in both modes), 2 prompts x 2 samples each, into rows that the SFT
+    data path reads (tests/test_generate.py checks the rows themselves)."""
+    from rl.models import load_tokenizer, resolve_model_path
+    from rl.sft_data import ConversationDataset, load_conversations
+
+    command = "python -m launch.generate +experiment=mixed_rl generate.k=2 generate.max_prompts=2 generate.keep=all " \
+              "generate.out=generated"
+    proc = _run(command, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "generated"
+    assert (out / "COMPLETE").exists() and "math/thinking: 2 prompts, 4 samples, 4 kept" in proc.stderr
+    rows = load_conversations({"path": str(out / "data.jsonl")})
+    assert {json.loads(x)["domain"] for x in (out / "data.jsonl").read_text().splitlines()} == \
+        {"math", "code", "logic", "general", "agent"}
+    data = ConversationDataset(rows, load_tokenizer(resolve_model_path("embedded:tiny-moe")), seed=0, max_tokens=4096)
+    assert all(data.sample(i, 0) is not None for i in range(len(rows)))
 
 
 def test_the_real_model_is_prepared_as_written(tmp_path, smollm2_path):

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rl.config import ConfigError
 from rl.losses import sft_loss
 from rl.metrics import TrainStatSums, forward_sums, trainer_metrics
 from rl.models import BUNDLED_DIR, load_causal_lm, load_tokenizer
@@ -235,7 +236,7 @@ def test_packed_sft_equals_padded_also_cut_by_a_token_budget(family, request):
 
 # --------------------------------------------------------------------------------- the objective seam, metrics
 def test_the_objectives_declare_their_source_needs_and_keys():
-    assert OBJECTIVES == {"grpo": GRPO, "sft": SFT}
+    assert OBJECTIVES["grpo"] is GRPO and OBJECTIVES["sft"] is SFT
     assert GRPO.source == "rollouts" and {"inference_logprobs", "advantages", "reference"} <= GRPO.needs
     assert SFT.source == "dataset" and not SFT.needs
     batch = collate([Trajectory(uid="a", group_id="a", domain="sft", prompt_ids=[1, 2], response_ids=[3, 4, 5],
@@ -369,3 +370,24 @@ def test_launch_sft_learns_checkpoints_and_resumes_on_the_same_data(tmp_path):
     state = lambda run: json.loads((run / "checkpoints" / "step_000004" / "state.json").read_text())  # noqa: E731
     assert state(tmp_path / "a") == state(tmp_path / "b") == {"step": 4, "data": {"cursor": [1, 0], "truncated": 0,
                                                                                   "skipped": 0}}
+
+
+def test_rows_with_the_sampled_token_ids_train_on_exactly_those(tiny_moe_path, tmp_path):
+    """launch.generate's rows carry the tokens the generator sampled: SFT trains on them token for token (no
+    template; how SmolLM2's agent episodes, whose tools its template cannot render, are trained), and refuses ids of
+    another vocabulary or a mask of another length."""
+    tok = load_tokenizer(tiny_moe_path)
+    ids = tok("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello there<|im_end|>")["input_ids"]
+    mask = [0] * 8 + [1] * (len(ids) - 8)
+    row = {"messages": [{"role": "user", "content": "not rendered"}], "token_ids": ids, "loss_mask": mask}
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    rows = load_conversations({"path": str(path), "columns": {"messages": "messages", "token_ids": "token_ids",
+                                                              "loss_mask": "loss_mask"}})
+    (t,) = ConversationDataset(rows, tok, seed=0, max_tokens=512).next_batch(1)
+    assert t.prompt_ids.tolist() == ids[:8] and t.response_ids.tolist() == ids[8:]
+    assert t.loss_mask.tolist() == [1.0] * (len(ids) - 8) and t.response_text.endswith("hello there<|im_end|>")
+    with pytest.raises(ConfigError, match="outside the policy's vocabulary"):
+        ConversationDataset([{**row, "token_ids": ids[:-1] + [len(tok) + 5]}], tok, seed=0, max_tokens=512)
+    with pytest.raises(ConfigError, match="one length"):
+        ConversationDataset([{**row, "loss_mask": mask[:-1]}], tok, seed=0, max_tokens=512)

@@ -1,5 +1,6 @@
-"""`FrozenModel`: a model that is never trained and only scores sampled tokens. Today it is the KL reference (the
-initial policy); a distillation teacher is the same actor with another model path.
+"""`FrozenModel`: a model that is never trained and only scores sampled tokens: the KL reference (the initial
+policy), and each on-policy distillation teacher (`domains.<d>.teacher`, one actor per distinct path, placed like the
+reference). A teacher is another model: it never replays the policy's MoE routes.
 
 The loop calls the reference only for samples whose domain has `kl_coef > 0`, and not at all when a batch has none.
 `algorithm.ref_keep_routing` (default false) decides whether the reference replays the policy's sampled MoE
@@ -24,7 +25,7 @@ from trainer.forward import compile_layers, forward_logprobs, logit_scale, route
 
 
 class FrozenModel:
-    def __init__(self, cfg: dict, model_path: str):
+    def __init__(self, cfg: dict, model_path: str, role: str = "reference"):
         self.cfg = cfg
         if cfg["trainer"].get("threads"):
             torch.set_num_threads(int(cfg["trainer"]["threads"]))
@@ -38,7 +39,7 @@ class FrozenModel:
             compile_layers(self.model)
         self.temperature = logprob_temperature(cfg["rollout"]) / logit_scale(self.model)
         acfg = cfg["algorithm"]
-        self.replay_routes = bool(acfg["keep_routing"]) and bool(acfg["ref_keep_routing"])
+        self.replay_routes = role == "reference" and bool(acfg["keep_routing"]) and bool(acfg["ref_keep_routing"])
         self.packed = pack_sequences(cfg)
         self.head = head_options(cfg)
         self.colocated = rollout_placement(cfg["rollout"]) == "colocated"  # vLLM wakes up after us

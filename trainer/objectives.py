@@ -11,9 +11,11 @@ how the step reduces them into logged metrics, and what it needs from a sample.
 - `source`: where a step's samples come from: "rollouts" (the prompt mixture, rollout and reward workers) or
   "dataset" (`algorithm.dataset`, no rollout or reward workers at all);
 - `needs`: what a sample must carry: "inference_logprobs" (pi_old from the engine), "advantages", "reference"
-  (reference logprobs where a domain has kl_coef > 0). A dataset row has none of these.
+  (reference logprobs where a domain has kl_coef > 0), "teacher" (teacher logprobs where a domain has a teacher).
+  A dataset row has none of these.
 
-GRPO with the DeepSeek-V3.2 stabilisers and SFT are the two there are; distillation plugs in as another record.
+GRPO with the DeepSeek-V3.2 stabilisers, on-policy distillation (GRPO's loss over per-token advantages that add the
+teacher's grade of every sampled token; the teachers are FrozenModel actors like the reference) and SFT.
 """
 
 from __future__ import annotations
@@ -23,17 +25,18 @@ from dataclasses import dataclass
 
 import torch
 
-from rl.losses import grpo_loss, sft_loss, truncated_is_weight
+from rl.losses import distill_token_advantages, grpo_loss, sft_loss, truncated_is_weight
 from rl.metrics import ratio
 from rl.trajectory import TrainBatch, host_to_device
 
 Sums = dict  # key -> a device tensor or a Python number, one micro-batch's share of the step's sums
 
 
-def grpo(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[int, int]) -> tuple[torch.Tensor, dict]:
+def grpo(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[int, int],
+         token_advantages: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """`rl.losses.grpo_loss` with the mini-batch's norms. pi_old is the engine's `inference_logprobs`, or the
     trainer's recomputation (`batch.old_logprobs`, algorithm.old_logprobs=trainer) with truncated importance
-    weights against the engine's (`algorithm.tis_cap`; null = none)."""
+    weights against the engine's (`algorithm.tis_cap`; null = none). `token_advantages`: see `distill`."""
     norm_seqs, norm_tokens = norm
     old, is_weight = batch.inference_logprobs, None
     if batch.old_logprobs is not None:
@@ -56,6 +59,7 @@ def grpo(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[i
         norm_seqs=norm_seqs,
         norm_tokens=norm_tokens,
         is_weight=is_weight,
+        token_advantages=token_advantages,
     )
     if is_weight is not None:
         mask = batch.loss_mask
@@ -104,6 +108,49 @@ def grpo_metrics(s: Mapping[str, float], domains: list[str], mini_batches: int) 
     return m
 
 
+def distill(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[int, int]) -> tuple[torch.Tensor, dict]:
+    """On-policy distillation: GRPO's loss (clip, OPSM, per-domain KL) over the per-token advantages
+    `rl.losses.distill_token_advantages` (reward_coef * A_i + distill_coef * (log pi_teacher - log pi_old)); a batch
+    whose samples have no teacher is plain GRPO. Adds `gap_tok` (log pi_old - log pi_teacher per token, the sampled
+    reverse-KL estimate) to the stats."""
+    if batch.teacher_logprobs is None:
+        return grpo(logprobs, batch, acfg, norm)
+    old = batch.old_logprobs if batch.old_logprobs is not None else batch.inference_logprobs
+    token_adv = distill_token_advantages(batch.advantages, batch.seq_index, old, batch.teacher_logprobs,
+                                         batch.reward_coef, batch.distill_coef)
+    loss, stats = grpo(logprobs, batch, acfg, norm, token_advantages=token_adv)
+    stats["gap_tok"] = (old - batch.teacher_logprobs).detach()
+    return loss, stats
+
+
+def distill_sums(batch: TrainBatch, stats: dict) -> Sums:
+    """GRPO's sums, and per domain with a teacher the summed reverse-KL estimate over its loss tokens and those
+    tokens."""
+    s = grpo_sums(batch, stats)
+    if "gap_tok" not in stats:
+        return s
+    has_teacher = (batch.distill_coef > 0)[batch.seq_index] & (batch.loss_mask > 0)
+    for domain in sorted(set(batch.domains)):
+        in_domain = host_to_device(torch.tensor([d == domain for d in batch.domains]), batch.seq_index.device)
+        sel = (has_teacher & in_domain[batch.seq_index]).to(stats["gap_tok"].dtype)
+        s[f"distill_gap/{domain}"] = (stats["gap_tok"] * sel).sum()
+        s[f"distill_tokens/{domain}"] = sel.sum()
+    return s
+
+
+def distill_metrics(s: Mapping[str, float], domains: list[str], mini_batches: int) -> dict[str, float | None]:
+    """GRPO's logged values, and `distill/<d>/reverse_kl`: the mean over the domain's loss tokens of log pi_old -
+    log pi_teacher, the sampled estimate of KL(student || teacher) per token (null for a domain without a teacher
+    or without samples this step), with `distill/reverse_kl` over every domain with a teacher."""
+    m = grpo_metrics(s, domains, mini_batches)
+    get = lambda k: s.get(k, 0.0)  # noqa: E731
+    for d in domains:
+        m[f"distill/{d}/reverse_kl"] = ratio(s, f"distill_gap/{d}", f"distill_tokens/{d}") if get(f"distill_tokens/{d}") else None
+    tokens = sum(get(f"distill_tokens/{d}") for d in domains)
+    m["distill/reverse_kl"] = sum(get(f"distill_gap/{d}") for d in domains) / tokens if tokens else None
+    return m
+
+
 def sft(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[int, int]) -> tuple[torch.Tensor, dict]:
     """`rl.losses.sft_loss`: the per-token mean NLL of the assistant's tokens over the whole mini-batch."""
     return sft_loss(logprobs, batch.loss_mask, norm_tokens=norm[1])
@@ -127,13 +174,15 @@ class Objective:
     sums: Callable[[TrainBatch, dict], Sums]
     metrics: Callable[[Mapping[str, float], list[str], int], dict[str, float | None]]
     source: str  # "rollouts" | "dataset"
-    needs: frozenset[str] = frozenset()  # of "inference_logprobs", "advantages", "reference"
+    needs: frozenset[str] = frozenset()  # of "inference_logprobs", "advantages", "reference", "teacher"
 
 
 GRPO = Objective("grpo", grpo, grpo_sums, grpo_metrics, source="rollouts",
                  needs=frozenset({"inference_logprobs", "advantages", "reference"}))
+DISTILL = Objective("distill", distill, distill_sums, distill_metrics, source="rollouts",
+                    needs=frozenset({"inference_logprobs", "advantages", "reference", "teacher"}))
 SFT = Objective("sft", sft, sft_sums, sft_metrics, source="dataset")
-OBJECTIVES: dict[str, Objective] = {o.name: o for o in (GRPO, SFT)}
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in (GRPO, DISTILL, SFT)}
 
 
 def objective_of(cfg: Mapping) -> Objective:

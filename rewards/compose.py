@@ -216,7 +216,7 @@ class RewardComposer:
             response=response, answer=answer_part(response),
             sample=t.sample if isinstance(t.sample, dict) else {}, finish_reason=str(t.finish_reason),
             num_response_tokens=t.num_generated_tokens, domain=t.domain, max_new_tokens=self.max_new_tokens,
-            episode=t.episode,
+            episode=t.episode, thinking=getattr(t, "thinking", None),
         )
 
     def score(self, trajs: list[Trajectory]) -> list[Trajectory]:

@@ -57,7 +57,9 @@ REWARDS: dict[str, RewardSpec] = {
     }),
     "exact_match": RewardSpec(exact_match, params={"max_answer_chars": Param(int, 4000, **_pos)}),
     "format": RewardSpec(format_reward, params={
-        "thinking": Param(bool, True),
+        # auto: the sample's own mode (domains.<d>.thinking; thinking where the domain sets none)
+        "thinking": Param((bool, str), "auto", check=lambda v: isinstance(v, bool) or v == "auto",
+                          hint="must be true, false or auto"),
         "think_in_prompt": Param(bool, False),
     }),
     "char_fraction": RewardSpec(char_fraction, params={

@@ -86,10 +86,14 @@ def format_reward(view: SampleView, params: dict) -> float:
     """Thinking mode: one well-formed `<think>...</think>` at the very start (leading whitespace allowed), then a
     non-empty answer. `think_in_prompt: true` is for chat templates that open `<think>` in the prompt: the response
     must then hold exactly one `</think>` and no `<think>`. Non-thinking mode: no think tags at all, non-empty text.
+    `thinking: auto` takes the sample's own mode (a `both` domain has samples of each), thinking where it has none.
     """
     r = view.response
     n_open, n_close = r.count(THINK_OPEN), r.count(THINK_CLOSE)
-    if not params["thinking"]:
+    thinking = params["thinking"]
+    if thinking == "auto":
+        thinking = view.thinking is not False
+    if not thinking:
         return float(n_open == 0 and n_close == 0 and bool(r.strip()))
     if params["think_in_prompt"]:
         if n_open != 0 or n_close != 1:

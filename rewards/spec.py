@@ -31,6 +31,7 @@ class SampleView:
     domain: str
     max_new_tokens: int  # rollout.max_new_tokens
     episode: dict | None = None  # multi-turn: the episode's record, with the environment verifier's outcome
+    thinking: bool | None = None  # the sample's thinking mode (domains.<d>.thinking); None when the domain sets none
 
 
 class RewardZero(Exception):
@@ -89,10 +90,10 @@ def validate_params(spec: RewardSpec, given: dict, where: str) -> dict:
         # ints are acceptable where floats are asked for; bools are not numbers here.
         if p.type is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if isinstance(value, bool) and p.type is not bool:
-            raise ValueError(f"{where}: parameter '{key}' must be {p.type.__name__}, got a bool")
+        want = p.type.__name__ if isinstance(p.type, type) else "/".join(t.__name__ for t in p.type)
+        if isinstance(value, bool) and bool not in (p.type if isinstance(p.type, tuple) else (p.type,)):
+            raise ValueError(f"{where}: parameter '{key}' must be {want}, got a bool")
         if not isinstance(value, p.type):
-            want = p.type.__name__ if isinstance(p.type, type) else "/".join(t.__name__ for t in p.type)
             raise ValueError(f"{where}: parameter '{key}' must be {want}, got {type(value).__name__} {value!r}")
         if p.choices is not None and value not in p.choices:
             raise ValueError(f"{where}: parameter '{key}' must be one of {list(p.choices)}, got {value!r}")

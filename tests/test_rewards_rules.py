@@ -79,6 +79,20 @@ def test_format(response, thinking, in_prompt, score):
     assert format_reward(view(response), {"thinking": thinking, "think_in_prompt": in_prompt}) == score
 
 
+def test_format_auto_follows_each_samples_mode():
+    """`thinking: auto` (the default): a `both` domain's samples are each held to their own mode; a sample of a
+    domain with no mode set, to thinking (the earlier default)."""
+    import dataclasses
+
+    p = {"thinking": "auto", "think_in_prompt": False}
+    think, plain = view("<think>reason</think>answer"), view("plain answer")
+    assert format_reward(dataclasses.replace(think, thinking=True), p) == 1.0
+    assert format_reward(dataclasses.replace(plain, thinking=True), p) == 0.0
+    assert format_reward(dataclasses.replace(plain, thinking=False), p) == 1.0
+    assert format_reward(dataclasses.replace(think, thinking=False), p) == 0.0
+    assert format_reward(think, p) == 1.0 and format_reward(plain, p) == 0.0  # no mode: thinking
+
+
 def test_char_fraction():
     p = {"chars": "0123456789"}
     assert char_fraction(view("12 34"), p) == 1.0

@@ -20,7 +20,8 @@ import yaml
 from launch.placement import check_gpu_layout
 from launch.tracking import wandb_mode
 from rewards.compose import check_reward_specs, reward_section_keys
-from rl.config import ConfigError, check_number, is_colocated_vllm, resolve_auto, to_plain, validate
+from rl.config import (ConfigError, check_number, is_colocated_vllm, resolve_auto, teacher_paths, to_plain,
+                       validate)
 from rl.models import resolve_model_path
 from trainer.objectives import OBJECTIVES, objective_of
 
@@ -77,6 +78,9 @@ def check_config(cfg: dict) -> None:
     if off:
         log.info("domains switched off (weight 0): %s", ", ".join(off))
         cfg["domains"] = {d: block for d, block in cfg["domains"].items() if d not in off}
+        if cfg["algorithm"].get("objective") == "distill" and not teacher_paths(cfg):
+            raise ConfigError("algorithm.objective=distill: every domain with a teacher is switched off (weight 0): "
+                              "the run would be plain GRPO; give one of them a weight > 0")
     check_gpu_layout(cfg)
     staleness = check_number(cfg["rollout"], "max_staleness", "rollout", lo=0, integer=True, optional=True) or 0
     if staleness > 1:

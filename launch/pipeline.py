@@ -19,7 +19,7 @@ again with trainer.resume=auto (launch.generate resumes by itself). To redo a st
 
 The command line's overrides other than `pipeline.*`, `+experiment=`, `run_dir=` and `run_name=` go to every stage
 (model.path=..., rollout=vllm, trainer.device=cuda, ...), before the stage's own (`pipeline.<stage>_overrides`);
-`domains.*` ones skip SFT, which trains on a dataset and has no domains. The training stages log to one W&B group,
+`domains.*` and `algorithm.*` ones skip SFT, which trains on a dataset with its own algorithm group. The training stages log to one W&B group,
 the pipeline's run_name (kept in run_dir/pipeline.json, so a rerun without run_name= joins it), as
 <run_name>-<stage> (generation logs no W&B run: its counts are in generated/COMPLETE). A stage's console output is
 shown as it comes and kept in run_dir/logs/<stage>.log; a failed stage stops the pipeline with its exit code.
@@ -155,7 +155,9 @@ def plan(p: dict, exp_cfg: dict, forwarded: list[str], run_dir: Path, run_name: 
     if p["stop_after"] == "generate":
         return stages
     sd = run_dir / "sft"
-    no_domains = [a for a in forwarded if override_key(a).split(".")[0] != "domains"]
+    # RL's keys stay with the RL stages: SFT has no domains, and its algorithm group is sft's (algorithm.clip_eps_high
+    # or algorithm.objective there would be unknown keys or another objective)
+    no_domains = [a for a in forwarded if override_key(a).split(".")[0] not in ("domains", "algorithm")]
     # the base: the model the specialists started from (pipeline.experiment's, or the command line's)
     base = f"model.path={exp_cfg['model']['path']}"
     stages.append(Stage("sft", "launch.sft", sd, [

@@ -68,6 +68,10 @@ def teachers_of(cfg: Mapping) -> list[str]:
     return teacher_paths(cfg) if (cfg.get("algorithm") or {}).get("objective") == "distill" else []
 
 
+def teacher_share_key(cfg: Mapping) -> str:
+    return f"{len(teachers_of(cfg))} x trainer.ref_num_gpus (teachers)"
+
+
 def cpu_reservations(cfg: Mapping) -> dict[str, float]:
     """The Ray CPUs the run's actors reserve, by config key: a local Ray cluster with fewer would leave the last
     actors waiting for CPUs forever, with no message."""
@@ -111,10 +115,12 @@ def colocated_shares(cfg: Mapping) -> dict[str, float]:
     shares = {"rollout.num_gpus" if k == 1 else f"{k} x rollout.num_gpus": gpus_r * k, "trainer.num_gpus": gpus_t}
     extra = {"trainer.ref_num_gpus": float(t.get("ref_num_gpus") or 0) if needs_reference(cfg) else 0.0,
              "rewards.judge.num_gpus": float(((cfg.get("rewards") or {}).get("judge") or {}).get("num_gpus") or 0)
-             if uses_rubric_judge(cfg.get("domains") or {}) else 0.0,
-             f"{len(teachers_of(cfg))} x trainer.ref_num_gpus (teachers)": len(teachers_of(cfg))
-             * float(t.get("ref_num_gpus") or 0) if float(t.get("ref_num_gpus") or 0) < 1 else 0.0}
+             if uses_rubric_judge(cfg.get("domains") or {}) else 0.0}
     shares.update({k: v for k, v in extra.items() if 0 < v < 1})
+    # teachers with a fraction of a GPU each all join GPU 0: their sum counts there, however large (it must fit)
+    per_teacher = float(t.get("ref_num_gpus") or 0)
+    if teachers_of(cfg) and 0 < per_teacher < 1:
+        shares[teacher_share_key(cfg)] = len(teachers_of(cfg)) * per_teacher
     if sum(shares.values()) > 1.0 + 1e-9:
         raise ConfigError("rollout.placement=colocated: the GPU shares on one GPU must sum to <= 1, got "
                           + " + ".join(f"{k} {v}" for k, v in shares.items()))
@@ -138,7 +144,7 @@ class GpuPlacement:
         if shares:
             self.n = int(t["num_processes"])
             roles = {"reference": "trainer.ref_num_gpus", "judge": "rewards.judge.num_gpus",
-                     "teacher": f"{len(teachers_of(cfg))} x trainer.ref_num_gpus (teachers)"}
+                     "teacher": teacher_share_key(cfg)}
             self.on_gpu0 = {role for role, key in roles.items() if key in shares}
             cpus = float(r["num_cpus"]) * self.engines + float(t["num_cpus"])
             bundles = [{"GPU": 1.0, "CPU": cpus} for _ in range(self.n)]

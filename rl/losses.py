@@ -196,7 +196,9 @@ def grpo_loss(
     w_t = `is_weight` (a constant per token, 1 when None): the truncated importance weight pi_old/pi_inference when
     pi_old is recomputed by the trainer (`truncated_is_weight`). ref_logprobs=None means no reference model was run;
     then every kl_coef must be 0. `token_advantages` [N] (on-policy distillation, `distill_token_advantages`) replace
-    A_i per token; OPSM then decides a sequence's sign by its mean token advantage.
+    A_i in the policy-gradient term; OPSM still takes the sign of `advantages` (the caller passes the reward part:
+    the teacher term averages to minus the reverse KL, <= 0, and would count almost every distilled sequence as
+    negative).
 
     Returns (loss, stats); stats are detached: pg_loss / kl_loss (aggregated like the loss, kl_loss includes
     beta, so loss = pg_loss + kl_loss), kl_seq[B] (per-sample mean KL estimate, without beta), opsm_keep[B],
@@ -206,8 +208,7 @@ def grpo_loss(
     mask = loss_mask.to(logprobs.dtype)
     adv_tok = advantages[seq_index] if token_advantages is None else token_advantages
     pg_tok, clip_tok = clipped_pg_loss(logprobs, old_logprobs, adv_tok.to(logprobs.dtype), eps_low, eps_high)
-    seq_adv = advantages if token_advantages is None else seq_mean(token_advantages, seq_index, mask, B)
-    keep = opsm_keep(seq_adv, logprobs, old_logprobs, seq_index, mask, opsm_delta)
+    keep = opsm_keep(advantages, logprobs, old_logprobs, seq_index, mask, opsm_delta)
     pg_tok = pg_tok * keep[seq_index].to(pg_tok.dtype)
     if is_weight is not None:
         pg_tok = pg_tok * is_weight.detach().to(pg_tok.dtype)

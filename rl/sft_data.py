@@ -37,6 +37,10 @@ from rl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 DOMAIN = "sft"  # the `domain` of every SFT sample
+# A row's thinking mode (launch.generate's `mode` column) -> the chat template's enable_thinking when it is rendered:
+# a non-thinking row's prompt then holds the empty think block its sample was generated after, so the block is not
+# trained as the assistant's own tokens, and a thinking row's prompt is the one its reasoning followed
+MODES = {"thinking": True, "non_thinking": False}
 
 
 # -- loading ------------------------------------------------------------------------------------------------------
@@ -69,7 +73,10 @@ def load_conversations(ds_cfg: Mapping, key: str = "algorithm.dataset") -> list[
             if columns["messages"] not in raw:
                 raise ConfigError(f"{key}.columns.messages: line {n} has no column {columns['messages']!r} "
                                   f"(it has {sorted(raw)})")
-            rows.append({field: raw[col] for field, col in columns.items() if col in raw})
+            row = {field: raw[col] for field, col in columns.items() if col in raw}
+            if raw.get("mode") in MODES and "mode" not in columns:  # launch.generate's rows say their mode
+                row["mode"] = raw["mode"]
+            rows.append(row)
         if not rows:
             raise ConfigError(f"{key}.path={path}: the file is empty (no rows)")
     else:
@@ -188,8 +195,11 @@ class ConversationDataset:
         if "token_ids" in row:
             r = self._sampled_tokens(index, row)
         else:
+            kwargs = self.template_kwargs
+            if row.get("mode") in MODES:
+                kwargs = {**kwargs, "enable_thinking": MODES[row["mode"]]}
             try:
-                r = render_conversation(self.tokenizer, row["messages"], row.get("tools"), self.template_kwargs)
+                r = render_conversation(self.tokenizer, row["messages"], row.get("tools"), kwargs)
             except Exception as e:  # noqa: BLE001 - a template error, or one of ours: name the row
                 raise ConfigError(f"{self.key}: row {index}: {e}") from None
         ids, mask = r.ids, r.loss_mask

@@ -155,8 +155,8 @@ class TrainBatch:
     domains: list[str]
     position_ids: torch.Tensor | None = None  # long [1, T], packed only
     ref_logprobs: torch.Tensor | None = None  # float [N]; reference logprobs (0 for samples with kl_coef == 0)
-    # On-policy distillation: float [N] teacher logprobs (0 for samples without a teacher; their distill_coef is 0),
-    # and float [B] reward_coef / distill_coef; None when no sample of the batch has a teacher
+    # On-policy distillation: float [N] teacher logprobs (0 for samples without a teacher; None when no sample of the
+    # batch has one), and float [B] reward_coef / distill_coef (0 where the sample has no teacher logprobs)
     teacher_logprobs: torch.Tensor | None = None
     reward_coef: torch.Tensor | None = None
     distill_coef: torch.Tensor | None = None
@@ -249,13 +249,13 @@ def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> Train
     if any(with_logprobs) or not has:
         inference_logprobs = cat([np.zeros(0) if t.inference_logprobs is None else t.inference_logprobs for t in trajs],
                                  np.float32)
-    teacher_logprobs = reward_coef = distill_coef = None
+    teacher_logprobs = None
     if any(t.teacher_logprobs is not None for t in trajs):
         teacher_logprobs = cat([t.teacher_logprobs if t.teacher_logprobs is not None else np.zeros(len(t.response_ids))
                                 for t in trajs], np.float32)
-        reward_coef = torch.tensor([t.reward_coef for t in trajs], dtype=torch.float32)
-        distill_coef = torch.tensor([t.distill_coef if t.teacher_logprobs is not None else 0.0 for t in trajs],
-                                    dtype=torch.float32)
+    reward_coef = torch.tensor([t.reward_coef for t in trajs], dtype=torch.float32)
+    distill_coef = torch.tensor([t.distill_coef if t.teacher_logprobs is not None else 0.0 for t in trajs],
+                                dtype=torch.float32)
     return TrainBatch(
         input_ids=input_ids,
         logit_index=torch.cat(logit_index),

@@ -132,19 +132,39 @@ def test_the_loss_with_token_advantages_equals_a_reference_loop_and_clips():
     assert float(same.detach()) == float(plain.detach())
 
 
-def test_opsm_takes_the_sign_of_the_mean_token_advantage():
-    """A sequence the teacher grades badly (negative mean token advantage) that drifted past delta is masked, even
-    with a GRPO advantage of 0."""
+def test_opsm_takes_the_sign_of_the_reward_part_not_the_teachers_grade():
+    """The teacher term averages to minus the reverse KL (<= 0): OPSM decides by the reward part reward_coef * A_i, so
+    a drifted sequence the teacher grades badly is kept when its reward advantage is not negative, and one with a
+    negative reward advantage is masked."""
     seq, mask = torch.tensor([0, 0, 1, 1]), torch.ones(4, dtype=F64)
     old = torch.tensor([-1.0, -1.0, -1.0, -1.0], dtype=F64)
     logprobs = torch.tensor([-2.0, -2.0, -2.0, -2.0], dtype=F64)  # drift log(pi_old/pi_theta) = 1 > delta
     teacher = torch.tensor([-5.0, -5.0, 0.0, 0.0], dtype=F64)
-    adv = torch.zeros(2, dtype=F64)
+    adv = torch.tensor([0.0, -0.5], dtype=F64)
     token_adv = distill_token_advantages(adv, seq, old, teacher, torch.ones(2, dtype=F64), torch.ones(2, dtype=F64))
     _, stats = grpo_loss(logprobs, old, None, seq, mask, adv, torch.zeros(2, dtype=F64),
                          torch.full((2,), 0.5, dtype=F64), eps_low=0.2, eps_high=0.2, norm_seqs=2, norm_tokens=4,
                          token_advantages=token_adv)
-    assert stats["opsm_keep"].tolist() == [False, True]
+    assert stats["opsm_keep"].tolist() == [True, False]
+
+
+def test_reward_coef_holds_in_every_micro_batch_with_or_without_a_teacher():
+    """A domain without a teacher and reward_coef 0 gets no gradient, whether its micro-batch holds a teacher's
+    sample or not (and whether the step drew any teacher domain at all)."""
+    acfg = {"clip_eps_low": 0.2, "clip_eps_high": 0.2, "unbiased_kl": True, "loss_aggregation": "seq_mean_token_mean"}
+
+    def grad_of_first(trajs):
+        batch = collate(trajs, pad_id=0)
+        logprobs = torch.full((batch.targets.numel(),), -1.0, requires_grad=True)
+        loss, _ = DISTILL.loss(logprobs, batch, acfg, (len(trajs), batch.targets.numel()))
+        return torch.autograd.grad(loss, logprobs)[0][:3]
+
+    code = _traj("c", "code")
+    code.reward_coef = 0.0
+    assert grad_of_first([code]).abs().sum() == 0
+    assert grad_of_first([code, _traj("m", "math", [-0.5, -1.0, -3.0])]).abs().sum() == 0
+    code.reward_coef = 1.0
+    assert grad_of_first([code]).abs().sum() > 0
 
 
 def _traj(uid, domain, teacher=None, coef=1.0):
@@ -185,6 +205,9 @@ def test_config_refusals_and_teacher_resolution(tmp_path, tiny_moe_path):
     with pytest.raises(ConfigError, match=r"domains.math.distill_coef"):
         check_config(compose(["+experiment=mixed_rl", "algorithm.objective=distill",
                               "++domains.math.teacher=embedded:tiny-dense", "++domains.math.distill_coef=-1"]))
+    with pytest.raises(ConfigError, match="every domain with a teacher is switched off"):
+        check_config(compose(["+experiment=mixed_rl", "algorithm.objective=distill", "domains.math.weight=0",
+                              "++domains.math.teacher=embedded:tiny-dense"]))
     cfg = compose(["+experiment=mixed_rl", "algorithm.objective=distill", "++domains.math.teacher=embedded:tiny-dense",
                    "++domains.logic.teacher=embedded:tiny-dense"])
     check_config(cfg)
@@ -209,6 +232,10 @@ def test_teachers_take_gpu_shares_like_the_reference():
     assert shares["2 x trainer.ref_num_gpus (teachers)"] == pytest.approx(0.2)
     cfg["trainer"]["ref_num_gpus"] = 0.2  # 0.5 + 0.2 + 0.2 reference + 2 x 0.2 teachers > 1
     with pytest.raises(ConfigError, match="teachers"):
+        colocated_shares(cfg)
+    cfg["trainer"].update(ref_num_gpus=0.5, num_gpus=0.1)  # 2 x 0.5 teachers alone fill GPU 0: refused, not a hang
+    cfg["domains"]["math"]["kl_coef"] = cfg["domains"]["code"]["kl_coef"] = 0.0
+    with pytest.raises(ConfigError, match=r"2 x trainer.ref_num_gpus \(teachers\) 1.0"):
         colocated_shares(cfg)
 
 

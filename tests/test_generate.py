@@ -80,6 +80,14 @@ def test_keep_all_writes_every_sample_as_sft_rows(tmp_path, tok):
     data = ConversationDataset(convs, tok, seed=0, max_tokens=4096)
     assert len(convs) == len(rows)
     assert all(data.sample(i, 0).loss_mask.sum() > 0 for i in range(len(convs)))
+    # each row is rendered in its own mode: a non-thinking row's empty think block is prompt (prefilled when it was
+    # sampled), not trained as the assistant's own tokens; a thinking row's prompt has none
+    empty = "<think>\n\n</think>\n\n"
+    for i, r in enumerate(rows):
+        if r["domain"] == "math":
+            t = data.sample(i, 0)
+            assert t.prompt_text.endswith(empty) == (r["mode"] == "non_thinking"), r["mode"]
+            assert not t.response_text.startswith(empty)
     import datasets  # HF-loadable as a dataset too
 
     assert datasets.load_dataset("json", data_files=str(out / "data.jsonl"), split="train").num_rows == len(rows)

@@ -43,15 +43,16 @@ def _fake_checkpoint(stage_dir: Path, step: int) -> Path:
 
 def test_the_stages_and_their_command_lines(tmp_path):
     stages = _plan(tmp_path, "model.path=embedded:tiny-dense", "domains.code.kl_coef=0.5", "run_name=ignored",
-                   "pipeline.specialists=[math,logic]")
+                   "pipeline.specialists=[math,logic]", "algorithm.clip_eps_high=0.28")
     assert list(stages) == ["specialists/math", "specialists/logic", "generated", "sft", "mixed_rl"]
     math = stages["specialists/math"]
     assert math.module == "launch.train" and math.dir == tmp_path / "specialists" / "math"
     # the experiment, then the command line's overrides, then the stage's own, then what the pipeline fixes
-    assert math.overrides[:3] == ["+experiment=mixed_rl", "model.path=embedded:tiny-dense", "domains.code.kl_coef=0.5"]
+    assert math.overrides[:4] == ["+experiment=mixed_rl", "model.path=embedded:tiny-dense", "domains.code.kl_coef=0.5",
+                                  "algorithm.clip_eps_high=0.28"]
     own = compose(["+experiment=v32_pipeline"])["pipeline"]["specialist_overrides"]
-    assert math.overrides[3:3 + len(own)] == own and "trainer.total_steps=2" in own
-    assert math.overrides[3 + len(own):] == ["~domains.code", "~domains.logic", "~domains.general", "~domains.agent",
+    assert math.overrides[4:4 + len(own)] == own and "trainer.total_steps=2" in own
+    assert math.overrides[4 + len(own):] == ["~domains.code", "~domains.logic", "~domains.general", "~domains.agent",
                                   "trainer.resume=auto", f"run_dir={math.dir}", "run_name=pipe-specialist-math",
                                   "logger.group=pipe"]
     cfg = compose(math.args())
@@ -76,7 +77,9 @@ def test_the_stages_and_their_command_lines(tmp_path):
     assert cfg["generate"]["keep"] == "all" and cfg["model"]["path"] == "embedded:tiny-dense"
 
     sft = stages["sft"]
-    assert sft.module == "launch.sft" and "domains.code.kl_coef=0.5" not in sft.overrides  # SFT has no domains
+    # SFT has no domains, and RL's algorithm keys are unknown to its algorithm group
+    assert sft.module == "launch.sft" and "domains.code.kl_coef=0.5" not in sft.overrides
+    assert "algorithm.clip_eps_high=0.28" not in sft.overrides
     cfg = compose(with_sft(sft.args()))
     assert cfg["algorithm"]["objective"] == "sft" and cfg["model"]["path"] == "embedded:tiny-dense"  # the base
     assert cfg["algorithm"]["dataset"]["path"] == str(tmp_path / "generated" / "data.jsonl")

@@ -20,6 +20,7 @@ teacher's grade of every sampled token; the teachers are FrozenModel actors like
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -110,16 +111,17 @@ def grpo_metrics(s: Mapping[str, float], domains: list[str], mini_batches: int) 
 
 def distill(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[int, int]) -> tuple[torch.Tensor, dict]:
     """On-policy distillation: GRPO's loss (clip, OPSM, per-domain KL) over the per-token advantages
-    `rl.losses.distill_token_advantages` (reward_coef * A_i + distill_coef * (log pi_teacher - log pi_old)); a batch
-    whose samples have no teacher is plain GRPO. Adds `gap_tok` (log pi_old - log pi_teacher per token, the sampled
-    reverse-KL estimate) to the stats."""
-    if batch.teacher_logprobs is None:
-        return grpo(logprobs, batch, acfg, norm)
+    `rl.losses.distill_token_advantages` (reward_coef * A_i + distill_coef * (log pi_teacher - log pi_old)); a sample
+    without teacher logprobs has distill_coef 0 (its reward part alone, also when no sample of the micro-batch has a
+    teacher). OPSM takes the sign of the reward part reward_coef * A_i. Adds `gap_tok` (log pi_old - log pi_teacher
+    per token, the sampled reverse-KL estimate) to the stats."""
     old = batch.old_logprobs if batch.old_logprobs is not None else batch.inference_logprobs
-    token_adv = distill_token_advantages(batch.advantages, batch.seq_index, old, batch.teacher_logprobs,
-                                         batch.reward_coef, batch.distill_coef)
-    loss, stats = grpo(logprobs, batch, acfg, norm, token_advantages=token_adv)
-    stats["gap_tok"] = (old - batch.teacher_logprobs).detach()
+    teacher = batch.teacher_logprobs if batch.teacher_logprobs is not None else old
+    token_adv = distill_token_advantages(batch.advantages, batch.seq_index, old, teacher, batch.reward_coef,
+                                         batch.distill_coef)
+    scaled = dataclasses.replace(batch, advantages=batch.reward_coef * batch.advantages)
+    loss, stats = grpo(logprobs, scaled, acfg, norm, token_advantages=token_adv)
+    stats["gap_tok"] = (old - teacher).detach()
     return loss, stats
 
 
@@ -127,8 +129,6 @@ def distill_sums(batch: TrainBatch, stats: dict) -> Sums:
     """GRPO's sums, and per domain with a teacher the summed reverse-KL estimate over its loss tokens and those
     tokens."""
     s = grpo_sums(batch, stats)
-    if "gap_tok" not in stats:
-        return s
     has_teacher = (batch.distill_coef > 0)[batch.seq_index] & (batch.loss_mask > 0)
     for domain in sorted(set(batch.domains)):
         in_domain = host_to_device(torch.tensor([d == domain for d in batch.domains]), batch.seq_index.device)

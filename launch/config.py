@@ -290,4 +290,8 @@ def resolve_teachers(cfg: dict, model_path: str) -> None:
             raise ConfigError(f"domains.{name}.teacher={block['teacher']}: its tokenizer differs from the policy's "
                               f"({len(teacher)} vs {len(student)} tokens, or another split of the same text); "
                               "token-level distillation needs the student's vocabulary")
+        check_logit_processing(path)  # the checks model.path gets, for the model the teacher actor loads
+        if cfg["trainer"].get("compile") and model_is_moe(path, False):
+            raise ConfigError(f"domains.{name}.teacher={block['teacher']}: trainer.compile=true supports dense models, "
+                              "and this teacher has routed experts (set trainer.compile=false)")
         block["teacher"] = path

@@ -222,6 +222,11 @@ def test_config_refusals_and_teacher_resolution(tmp_path, tiny_moe_path):
     other = compose(["+experiment=mixed_rl", "algorithm.objective=distill", f"++domains.math.teacher={tmp_path / 'other'}"])
     with pytest.raises(ConfigError, match="tokenizer differs"):
         resolve_teachers(other, tiny_moe_path)
+    # the checks model.path gets apply to a teacher: compiled layers need a dense teacher
+    moe = compose(["+experiment=mixed_rl", "algorithm.objective=distill", "++domains.math.teacher=embedded:tiny-moe",
+                   "trainer.compile=true"])
+    with pytest.raises(ConfigError, match="teacher=embedded:tiny-moe: trainer.compile=true supports dense models"):
+        resolve_teachers(moe, tiny_moe_path)
 
 
 def test_teachers_take_gpu_shares_like_the_reference():

@@ -40,6 +40,9 @@ class FrozenModel:
         self.temperature = logprob_temperature(cfg["rollout"]) / logit_scale(self.model)
         acfg = cfg["algorithm"]
         self.replay_routes = role == "reference" and bool(acfg["keep_routing"]) and bool(acfg["ref_keep_routing"])
+        # Kept sets (Keep Sampling Mask) are applied to a teacher too: its logprob renormalised over the student's kept
+        # set differs from its full-vocabulary one by a constant of the position, which leaves the distillation
+        # gradient's expectation unchanged (E[grad log pi] = 0) and takes that constant out of its variance
         self.packed = pack_sequences(cfg)
         self.head = head_options(cfg)
         self.colocated = rollout_placement(cfg["rollout"]) == "colocated"  # vLLM wakes up after us
@@ -56,7 +59,10 @@ class FrozenModel:
         at = {id(t): i for i, t in enumerate(trajs)}
         out: list[np.ndarray | None] = [None] * len(trajs)
         for chunk in self._chunks(trajs):
-            batch = collate(chunk, self.tokenizer.pad_token_id, self.packed).to(self.device)
+            batch = collate(chunk, self.tokenizer.pad_token_id, self.packed)
+            if not self.replay_routes:  # the policy's routes stay on the host (a teacher is another model)
+                batch.routed_experts = batch.route_valid = None
+            batch = batch.to(self.device)
             with route_replay(self.model, batch, self.replay_routes):
                 res = forward_logprobs(self.model, batch, temperature=self.temperature, **self.head)
             logp = res.logprobs.float().cpu().numpy()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from launch.cluster import Cluster
 from rewards.compose import required_fields
-from rl.advantages import assign_advantages, attach_domain_coefficients
+from rl.advantages import assign_advantages, attach_domain_coefficients, expand_segments
 from rl.data import EvalPrompts, PromptMixture, thinking_modes
 from rl.metrics import eval_metrics, rollout_metrics, step_metrics
 from rl.sft_data import ConversationDataset, load_conversations
@@ -94,8 +94,11 @@ class RolloutSource:
         with timed(times, "reward"):  # what scoring is left once the last share is generated
             self.trajs = scoring.collect()
         assign_advantages(self.trajs, self.cfg["algorithm"]["normalize_adv_std"])
-        attach_domain_coefficients(self.trajs, self.cfg["domains"])
-        need_ref = [tr for tr in self.trajs if tr.kl_coef > 0]
+        # one trajectory per episode for rewards, advantages and metrics; a managed agent episode trains as its
+        # context segments, each with the episode's advantage (rl.advantages.expand_segments)
+        self.train = expand_segments(self.trajs)
+        attach_domain_coefficients(self.train, self.cfg["domains"])
+        need_ref = [tr for tr in self.train if tr.kl_coef > 0]
         times["time/ref"] = 0.0  # the reference is not run at all when every sample's kl_coef is 0
         if need_ref:
             with timed(times, "ref"):
@@ -104,10 +107,10 @@ class RolloutSource:
         if self.cluster.teachers:  # on-policy distillation: each teacher grades its domains' samples
             with timed(times, "teacher"):
                 for path in self.cluster.teachers:
-                    graded = [tr for tr in self.trajs if self.cfg["domains"][tr.domain].get("teacher") == path]
+                    graded = [tr for tr in self.train if self.cfg["domains"][tr.domain].get("teacher") == path]
                     for tr, lp in zip(graded, self.cluster.teacher_logprobs(path, graded) if graded else []):
                         tr.teacher_logprobs = lp
-        return StepSamples(self.trajs, need_ref)
+        return StepSamples(self.train, need_ref)
 
     def after_update(self, step: int, times: dict) -> dict:
         """Weight sync (after the next rollout, if one is in flight, has ended), rollout metrics, held-out eval."""
@@ -130,7 +133,7 @@ class RolloutSource:
         return metrics
 
     def step_metrics(self, step: int, times: dict) -> dict:
-        generated = sum(tr.num_generated_tokens for tr in self.trajs)
+        generated = sum(tr.num_generated_tokens for tr in self.train)
         return step_metrics(step, times, generated, self.mixture.skipped_too_long)
 
     def state_dict(self) -> dict:

@@ -55,6 +55,21 @@ def assign_advantages(trajs: list[Trajectory], normalize_std: bool) -> None:
         t.advantage = by_uid.get(t.uid, 0.0)
 
 
+def expand_segments(trajs: list[Trajectory]) -> list[Trajectory]:
+    """The samples to train on: every trajectory, each preceded by its earlier context segments (a managed agent
+    episode, `Trajectory.segments`), which take the episode's reward, its parts and its advantage. Call after
+    `assign_advantages`: a segment is never a sample of its group's baseline (an episode counts once however often
+    its context was reset); it trains as a sample of its own (Keep Sampling Mask, Keep Routing, OPSM per segment)."""
+    out: list[Trajectory] = []
+    for t in trajs:
+        for s in t.segments or ():
+            s.reward, s.reward_parts, s.reward_error = t.reward, dict(t.reward_parts), t.reward_error
+            s.reward_failed, s.advantage = t.reward_failed, t.advantage
+            out.append(s)
+        out.append(t)
+    return out
+
+
 def attach_domain_coefficients(trajs: list[Trajectory], domains: Mapping[str, Mapping]) -> None:
     """Each sample takes its domain's KL strength (`domains.<d>.kl_coef`), OPSM threshold (`domains.<d>.opsm_delta`,
     absent or null = off) and, for on-policy distillation, the weights of its GRPO advantage and of its teacher

@@ -123,6 +123,10 @@ KEYS: list[tuple[str, str, str]] = [
      "tool call"),
     ("episode/<d>/success", "null when the step drew no prompt of agent domain <d>", "mean verifier score of the "
      "episodes (the domain's environment's verifier)"),
+    ("episode/<d>/context_resets", "null when the step drew no prompt of agent domain <d>", "mean context resets "
+     "per episode (agent.context_strategy; 0 with none)"),
+    ("episode/<d>/discarded_tokens", "null when the step drew no prompt of agent domain <d>", "mean context tokens "
+     "per episode that its context resets dropped"),
     ("episode/<d>/termination/<reason>", "null when the step drew no prompt of agent domain <d>", "share of episodes "
      "that ended so: submitted, answer, max_turns, length, tool_timeout, error"),
     ("episode/<d>/calls/<tool>/<status>", "sparse: steps with such calls", "tool calls of that tool and status "

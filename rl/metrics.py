@@ -93,7 +93,8 @@ TERMINATIONS = ("submitted", "answer", "max_turns", "length", "tool_timeout", "e
 
 def agent_metrics(trajs: list[Trajectory], agent_domains: list[str] = ()) -> dict[str, float | None]:
     """Multi-turn episodes, per agent domain `episode/<d>/...`: turns, tool calls (per tool and status), termination
-    reasons, generated vs tool tokens, tool latency, the environment verifier's success; `time/tools`: the slowest
+    reasons, generated vs tool tokens, tool latency, the environment verifier's success, context resets and the
+    context tokens they dropped (agent.context_strategy); `time/tools`: the slowest
     rollout worker's wall time in tool calls. A domain of `agent_domains` without episodes this step gets nulls
     (the sparse per-tool call counts excepted). Calls of tools the environment does not have count under the one
     name `_unknown`: a model inventing names must not invent metric keys."""
@@ -105,7 +106,7 @@ def agent_metrics(trajs: list[Trajectory], agent_domains: list[str] = ()) -> dic
     for d in agent_domains:
         if d not in episodes:
             for key in ("turns", "tool_calls", "generated_tokens", "tool_tokens", "tool_latency_s", "success",
-                        *(f"termination/{r}" for r in TERMINATIONS)):
+                        "context_resets", "discarded_tokens", *(f"termination/{r}" for r in TERMINATIONS)):
                 m[f"episode/{d}/{key}"] = None
     if agent_domains:
         m["time/tools"] = None
@@ -117,6 +118,8 @@ def agent_metrics(trajs: list[Trajectory], agent_domains: list[str] = ()) -> dic
         m[f"episode/{d}/tool_tokens"] = _mean([e["tool_tokens"] for e in eps])
         m[f"episode/{d}/tool_latency_s"] = _mean([c["seconds"] for c in calls])
         m[f"episode/{d}/success"] = _mean([float(e["outcome"].get("score") or 0.0) for e in eps])
+        m[f"episode/{d}/context_resets"] = _mean([e.get("context_resets", 0) for e in eps])  # agent.context_strategy
+        m[f"episode/{d}/discarded_tokens"] = _mean([e.get("discarded_tokens", 0) for e in eps])
         for reason in TERMINATIONS:
             m[f"episode/{d}/termination/{reason}"] = _mean([e["termination"] == reason for e in eps])
         counts: dict[str, float] = defaultdict(float)

@@ -72,6 +72,12 @@ class Trajectory:
     teacher_logprobs: np.ndarray | None = None
     reward_coef: float = 1.0  # domains.<d>.reward_coef
     distill_coef: float = 0.0  # domains.<d>.distill_coef (0 where the domain has no teacher)
+    # An agent episode whose context was managed (`agent.context_strategy`, rollout/agent.py): its earlier context
+    # segments, in order, each a Trajectory of its own (own prompt = the context it continued from, own response,
+    # loss mask, kept sets and routes). This trajectory is the last segment and stands for the episode in rewards,
+    # advantages and metrics; `rl.advantages.expand_segments` splices the earlier ones in for training, with the
+    # episode's reward and advantage. None = one segment (every other sample).
+    segments: list["Trajectory"] | None = None
 
     def __post_init__(self) -> None:
         self.prompt_ids = np.asarray(self.prompt_ids, dtype=np.int32)

@@ -23,6 +23,22 @@ An episode ends when the model submits (the environment's final tool), answers w
 `max_context_tokens` / `max_episode_tokens` (reason `length`: nothing over the window is ever sent to the engine).
 The environment's verifier then scores the final state; its outcome is read by the `env_verifier` reward.
 
+Context management (`agent.context_strategy`: discard_75 | discard_all; `summary` is not available yet; default
+none = the above): when a turn's tool results would bring the context to `agent.context_trigger` (0.8) of
+`max_context_tokens` or past it, the episode's messages with those results are shrunk by
+`rollout.thinking.manage_context` (the first 75% of the tool-call turns with their results, or all of them, dropped;
+system, task and answers without calls kept), rendered by the episode's tool-call format (`initial_prompt`) and
+tokenised as a NEW prompt, and the episode goes on from it (`messages` becomes the managed list). Where nothing can
+be dropped or the new prompt is not shorter, the episode ends as before. `max_turns` and `max_episode_tokens` count
+the whole episode. How it trains: token-in/token-out makes every managed context a new prompt, so the episode is
+several context segments, each a sample of its own: prompt = the context it started from (the first prompt, then
+each managed one), response/loss mask/inference logprobs/kept sets/routes = that segment's tokens only (so Keep
+Sampling Mask, Keep Routing and OPSM apply per segment). The last segment is the episode's `Trajectory` (its
+`episode` record, outcome, reward); the earlier ones ride along in `Trajectory.segments` through rewards, advantages
+and metrics, so the GRPO baseline counts each episode once, and `rl.advantages.expand_segments` splices them in for
+training with the episode's reward and advantage. The record counts `context_resets` and `discarded_tokens`
+(context tokens dropped by the resets).
+
 What the model writes and what tools return is untrusted: every text that becomes tokens goes through `safe_text`
 first (a lone surrogate, e.g. from a JSON "\\ud800" in a call's arguments, becomes U+FFFD, as does a NUL). Of several
 submits in one turn the first in the model's order counts, every time: the calls after it are not run (status
@@ -66,6 +82,8 @@ class AgentConfig:
     system_prompt: str | None = None  # added before the environment's description
     tool_workers: int = 16  # episodes whose tool calls run at the same time, per rollout worker
     demo: bool = False  # show one solved episode of another task first (the environment's reference solution)
+    context_strategy: str = "none"  # none | discard_75 | discard_all (summary: not available yet); module docstring
+    context_trigger: float = 0.8  # share of max_context_tokens at which the context is managed
 
     @classmethod
     def from_config(cls, block: Mapping) -> "AgentConfig":
@@ -98,6 +116,18 @@ class AgentConfig:
                              "or a directory")
         if values.get("demo") and values.get("thinking"):
             raise ValueError("demo: the demonstration's turns carry no reasoning; use it with thinking: false")
+        strategy = values.get("context_strategy", "none")
+        if strategy == "summary":
+            raise ValueError("context_strategy=summary is not available yet (the policy writing its own summary); "
+                             f"use one of {CONTEXT_STRATEGIES}")
+        if strategy not in CONTEXT_STRATEGIES:
+            raise ValueError(f"context_strategy={strategy!r}: expected one of {CONTEXT_STRATEGIES}")
+        if values.get("context_trigger", 0.8) > 1:
+            raise ValueError(f"context_trigger={values['context_trigger']!r}: expected a share of max_context_tokens "
+                             "in (0, 1]")
+        if strategy != "none" and values.get("demo"):
+            raise ValueError("context_strategy: a managed context is rendered from the episode's messages, which do "
+                             "not hold the demonstration; use it with demo: false")
         return cls(**values)
 
 
@@ -125,6 +155,30 @@ def safe_value(value):
     return value
 
 
+def _renderable(fmt, messages: list[dict]) -> list[dict]:
+    """An episode's messages as its format's `initial_prompt` renders them: a hermes template that does not take the
+    `tool` role gets each turn's results in one user message (wrapped in <tool_response> where the format wraps
+    them), as `tool_results_text` does; one without native tools gets the calls as text in the assistant turn."""
+    from rollout.tool_format import RESPONSE_CLOSE, RESPONSE_OPEN
+
+    role, wrap = getattr(fmt, "tool_role", "tool"), getattr(fmt, "wrap_results", False)
+    native = getattr(fmt, "native_tools", True)
+    out: list[dict] = []
+    for m in messages:
+        m = dict(m)
+        if m.get("role") == "tool":
+            content = f"{RESPONSE_OPEN}\n{m['content']}\n{RESPONSE_CLOSE}" if wrap else m["content"]
+            if role != "tool" and out and out[-1].get("role") == role and out[-1].get("_results"):
+                out[-1]["content"] += "\n" + content
+                continue
+            m = {"role": role, "content": content, **({"_results": True} if role != "tool" else {})}
+        elif m.get("role") == "assistant" and m.get("tool_calls") and not native:
+            calls = [(c["function"]["name"], c["function"]["arguments"]) for c in m.pop("tool_calls")]
+            m["content"] = "\n".join(x for x in ((m.get("content") or "").strip(), fmt.call_text(calls)) if x)
+        out.append(m)
+    return [{k: v for k, v in m.items() if k != "_results"} for m in out]
+
+
 def _describe(exc: BaseException) -> str:
     try:
         return safe_text(f"{type(exc).__name__}: {exc}")[:500]
@@ -132,6 +186,7 @@ def _describe(exc: BaseException) -> str:
         return type(exc).__name__
 
 
+CONTEXT_STRATEGIES = ("none", "discard_75", "discard_all")  # agent.context_strategy (thinking.py's, less summary)
 NO_TOOL_CALLED = "No tool was called. Use the tools, and call the submit tool with your final result."
 
 
@@ -163,6 +218,12 @@ class _Episode:
     # as the model saw them), for data generation (launch/generate.py); a demonstration's turns are not in it.
     messages: list[dict] = field(default_factory=list)
     tool_contents: list[str] = field(default_factory=list)  # the last tool message's results, as `tool` contents
+    # agent.context_strategy: the closed context segments (each one's token arrays, as `_manage` keeps them), the
+    # response tokens they held (counted against max_episode_tokens), resets and the tokens they dropped
+    segments: list[dict] = field(default_factory=list)
+    spent_tokens: int = 0
+    context_resets: int = 0
+    discarded_tokens: int = 0
 
     @property
     def context(self) -> list[int]:
@@ -348,7 +409,7 @@ class AgentRunner:
 
     def _room(self, ep: _Episode, sp: SamplingParams) -> int:
         return min(sp.max_new_tokens, self.cfg.max_context_tokens - len(ep.context),
-                   self.cfg.max_episode_tokens - len(ep.response_ids))
+                   self.cfg.max_episode_tokens - ep.spent_tokens - len(ep.response_ids))
 
     def _generate(self, live: list[_Episode], sp: SamplingParams, turn: int) -> None:
         """One turn of every live episode: one engine call per distinct token budget (usually just one)."""
@@ -434,13 +495,48 @@ class AgentRunner:
             ep.reason = "max_turns"
             return
         text, ids = self._tool_message(ep, done)
-        if len(ep.context) + len(ids) >= self.cfg.max_context_tokens or \
-                len(ep.response_ids) + len(ids) >= self.cfg.max_episode_tokens:
+        if ep.spent_tokens + len(ep.response_ids) + len(ids) >= self.cfg.max_episode_tokens:
+            ep.reason = "length"  # the episode's token budget: it ends before the results
+            return
+        if self.cfg.context_strategy != "none" and \
+                len(ep.context) + len(ids) >= self.cfg.context_trigger * self.cfg.max_context_tokens and \
+                self._manage(ep, len(ep.context) + len(ids)):
+            return
+        if len(ep.context) + len(ids) >= self.cfg.max_context_tokens:
             ep.reason = "length"  # the results would not fit: the episode ends before them
             return
         ep.add_tool_tokens(ids)
         ep.transcript.append(text)
         ep.messages += [{"role": "tool", "content": content} for content in ep.tool_contents]
+
+    def _manage(self, ep: _Episode, size: int) -> bool:
+        """agent.context_strategy: the episode's messages with this turn's tool results (`size` tokens as the context
+        would hold them) shrunk by `rollout.thinking.manage_context` and rendered by the episode's format as a new
+        prompt; the current segment is closed and the episode goes on from that prompt. False (nothing changed)
+        when there is no tool-call history to drop or the new prompt would not be shorter."""
+        from rollout.thinking import manage_context
+
+        fmt = ep.format or self.format_for(ep.thinking)
+        messages = ep.messages + [{"role": "tool", "content": c} for c in ep.tool_contents]
+        managed = manage_context(messages, lambda _: size, self.cfg.max_context_tokens, self.cfg.context_strategy,
+                                 threshold=self.cfg.context_trigger * (1 - 1e-9))  # ours is >=, theirs >
+        if len(managed) == len(messages):
+            return False
+        text = fmt.initial_prompt(_renderable(fmt, managed), self.tools, thinking=ep.thinking)
+        prompt = self._encode(text)  # our rendering of the managed messages: a new prompt, not the model's output
+        if len(prompt) >= min(size, self.cfg.max_context_tokens):
+            return False
+        ep.segments.append({"prompt_ids": ep.prompt_ids, "response_ids": ep.response_ids, "generated": ep.generated,
+                            "logprobs": ep.logprobs, "kept": ep.kept, "loss": ep.loss, "routes": ep.routes,
+                            "kept_set_cut": ep.kept_set_cut, "texts": ep.texts})
+        ep.spent_tokens += len(ep.response_ids)
+        ep.context_resets += 1
+        ep.discarded_tokens += size - len(prompt)
+        ep.prompt_ids, ep.response_ids, ep.generated, ep.logprobs, ep.loss, ep.texts = prompt, [], [], [], [], []
+        ep.kept, ep.routes, ep.kept_set_cut = None, None, 0
+        ep.messages = managed
+        ep.transcript.append(f"\n[context {self.cfg.context_strategy}: {size} -> {len(prompt)} tokens]\n")
+        return True
 
     def _tool_message(self, ep: _Episode, done: list) -> tuple[str, list[int]]:
         """The one place where tool results and the environment's messages become tokens: each text made safe for
@@ -480,37 +576,52 @@ class AgentRunner:
         except Exception as exc:  # noqa: BLE001 - the record of what went wrong, without its tokens
             self._fail(ep, "record", exc)
             ep.response_ids, ep.generated, ep.logprobs, ep.loss = [], [], [], []
-            ep.kept = None
+            ep.kept, ep.segments, ep.spent_tokens = None, [], 0
             ep.routes = None if ep.routes is None else ep.routes[: max(len(ep.prompt_ids) - 1, 0)]
             return self._trajectory(ep)
 
     def _trajectory(self, ep: _Episode) -> Trajectory:
-        req = ep.request
-        R = len(ep.response_ids)
-        kept_ids = kept_offsets = None
-        if ep.kept is not None:
-            kept_offsets = np.zeros(R + 1, np.int64)
-            np.cumsum([len(k) for k in ep.kept], out=kept_offsets[1:])
-            kept_ids = np.concatenate(ep.kept, dtype=np.int32) if R else np.zeros(0, np.int32)
+        generated = sum(sum(s["generated"]) for s in ep.segments) + sum(ep.generated)
+        R = ep.spent_tokens + len(ep.response_ids)
         episode = {
             "env": self.env.name, "turns": ep.turns, "termination": ep.reason, "calls": ep.calls,
-            "generated_tokens": int(sum(ep.generated)), "tool_tokens": int(R - sum(ep.generated)),
+            "generated_tokens": int(generated), "tool_tokens": int(R - generated),
             "tool_wall_s": round(ep.tool_wall_s, 4), "outcome": self._outcome(ep),
             "transcript": "".join(ep.transcript), "messages": safe_value(ep.messages),
             **({"error": ep.error} if ep.error else {}),
+            **({"context_resets": ep.context_resets, "discarded_tokens": ep.discarded_tokens}
+               if self.cfg.context_strategy != "none" else {}),
         }
-        loss = np.asarray(ep.loss, np.float32)
+        last = {"prompt_ids": ep.prompt_ids, "response_ids": ep.response_ids, "generated": ep.generated,
+                "logprobs": ep.logprobs, "kept": ep.kept, "loss": ep.loss, "routes": ep.routes,
+                "kept_set_cut": ep.kept_set_cut, "texts": ep.texts}
+        t = self._segment_trajectory(ep, last, f"{ep.request['group_id']}-{ep.index}",
+                                     "length" if ep.reason == "length" else "stop")
+        t.episode = episode
+        if ep.segments:
+            t.segments = [self._segment_trajectory(ep, s, f"{t.uid}-seg{k}", "stop") for k, s in enumerate(ep.segments)]
+        return t
+
+    def _segment_trajectory(self, ep: _Episode, seg: dict, uid: str, finish_reason: str) -> Trajectory:
+        """One context segment as a sample (the whole episode when its context was never managed)."""
+        req = ep.request
+        R = len(seg["response_ids"])
+        kept_ids = kept_offsets = None
+        if seg["kept"] is not None:
+            kept_offsets = np.zeros(R + 1, np.int64)
+            np.cumsum([len(k) for k in seg["kept"]], out=kept_offsets[1:])
+            kept_ids = np.concatenate(seg["kept"], dtype=np.int32) if R else np.zeros(0, np.int32)
+        loss = np.asarray(seg["loss"], np.float32)
         if ep.reason == "error":  # nothing of a failed episode is trained on: the failure may not be the model's
             loss = np.zeros_like(loss)
         return Trajectory(
-            uid=f"{req['group_id']}-{ep.index}", group_id=req["group_id"], domain=req["domain"],
-            prompt_ids=np.asarray(ep.prompt_ids, np.int32), response_ids=np.asarray(ep.response_ids, np.int32),
-            inference_logprobs=np.asarray(ep.logprobs, np.float32),
-            finish_reason="length" if ep.reason == "length" else "stop",
-            loss_mask=loss, generated=np.asarray(ep.generated, bool),
-            kept_ids=kept_ids, kept_offsets=kept_offsets, kept_set_cut=ep.kept_set_cut, routed_experts=ep.routes,
-            prompt_text=self.tok.decode(ep.prompt_ids), response_text="\n".join(ep.texts),
-            sample=req["sample"], episode=episode, thinking=req.get("thinking"),
+            uid=uid, group_id=req["group_id"], domain=req["domain"],
+            prompt_ids=np.asarray(seg["prompt_ids"], np.int32), response_ids=np.asarray(seg["response_ids"], np.int32),
+            inference_logprobs=np.asarray(seg["logprobs"], np.float32), finish_reason=finish_reason,
+            loss_mask=loss, generated=np.asarray(seg["generated"], bool),
+            kept_ids=kept_ids, kept_offsets=kept_offsets, kept_set_cut=seg["kept_set_cut"],
+            routed_experts=seg["routes"], prompt_text=self.tok.decode(seg["prompt_ids"]),
+            response_text="\n".join(seg["texts"]), sample=req["sample"], thinking=req.get("thinking"),
         )
 
     def close(self) -> None:

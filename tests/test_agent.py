@@ -162,6 +162,12 @@ def test_three_turn_episode_is_exact_on_the_embedded_moe(tiny_moe_path):
     for t in trajs:
         assert t.routed_experts.shape[0] == len(t.prompt_ids) + t.num_response_tokens - 1
         assert (~t.generated).any() and t.kept_offsets[-1] == len(t.kept_ids)
+    assert_trainer_replays(engine, trajs)
+
+
+def assert_trainer_replays(engine, trajs) -> None:
+    """The trainer's forward over the samples, with their kept sets and recorded routes replayed, gives the engine's
+    logprobs on every trained token, and its router agrees with every recorded route."""
     batch = collate(trajs, engine.tokenizer.pad_token_id)
     with torch.no_grad(), route_replay(engine.model, batch, True) as replay:
         out = forward_logprobs(engine.model, batch, temperature=1.0)

@@ -4,16 +4,14 @@ the episode's outcome and advantage (rl.advantages.expand_segments)."""
 
 import numpy as np
 import pytest
-import torch
 
 from rl.advantages import assign_advantages, expand_segments
 from rl.metrics import agent_metrics
 from rl.models import load_tokenizer
-from rl.trajectory import Trajectory, collate
+from rl.trajectory import Trajectory
 from rollout.agent import AgentConfig, AgentRunner
 from rollout.sampling import SamplingParams
-from test_agent import LOOKUP, SP, SUBMIT, ScriptedEngine, _request, runner_prompt
-from trainer.forward import forward_logprobs, route_replay
+from test_agent import LOOKUP, SP, SUBMIT, ScriptedEngine, _request, assert_trainer_replays, runner_prompt
 
 
 @pytest.fixture(scope="module")
@@ -178,10 +176,4 @@ def test_segments_train_exactly_on_the_embedded_moe(tiny_moe_path):
     for s in train:
         assert s.routed_experts.shape[0] == len(s.prompt_ids) + s.num_response_tokens - 1
         assert s.kept_offsets[-1] == len(s.kept_ids) and s.num_tokens <= P + 60
-    batch = collate(train, engine.tokenizer.pad_token_id)
-    with torch.no_grad(), route_replay(engine.model, batch, True) as replay:
-        out = forward_logprobs(engine.model, batch, temperature=1.0)
-    on = batch.loss_mask > 0
-    diff = (out.logprobs - batch.inference_logprobs).abs()[on]
-    assert float(diff.max()) <= 1e-4, float(diff.max())
-    assert replay.total_count > 0 and replay.mismatch_count == 0
+    assert_trainer_replays(engine, train)

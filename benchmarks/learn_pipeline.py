@@ -16,6 +16,7 @@ and on the 3 smoke keys no training task asks for. The SFT student's score is th
     python benchmarks/learn_pipeline.py --out /root/lp --launch      # starts everything detached, returns
     python benchmarks/learn_pipeline.py --out /root/lp --wait 580    # progress until done (or the time is up)
     python benchmarks/learn_pipeline.py --out /root/lp --report [--plot benchmarks/learn_pipeline.png --readme]
+    python benchmarks/learn_pipeline.py --out /root/opd --launch --opd-only --gpu 1   # specialist + distillation only
 """
 
 from __future__ import annotations
@@ -59,18 +60,26 @@ def _stop(proc: subprocess.Popen, grace: float = 60) -> None:
         proc.wait()
 
 
-def orchestrate(out: Path, opd_steps: int) -> None:
-    """Everything, in order (runs detached from --launch; its log is out/orchestrate.log)."""
+def orchestrate(out: Path, opd_steps: int, opd_only: bool = False, gpu: int = 0) -> None:
+    """Everything, in order (runs detached from --launch; its log is out/orchestrate.log). `opd_only`: on GPU `gpu`
+    alone, the pipeline's math specialist stage only (the same command and folder), then the distillation."""
     t0 = time.time()
-    pipe = _start([sys.executable, "-m", "launch.pipeline", "+experiment=smol_pipeline", f"run_dir={out / 'pipeline'}",
-                   "logger.mode=disabled"], 0, out / "logs" / "pipeline.log")
-    base = _start([sys.executable, "-m", "launch.train", "+experiment=smol_mixed", f"run_dir={out / 'base_mixed'}",
-                   "trainer.total_steps=1000", "eval.before_train=true", *QUIET], 1, out / "logs" / "base_mixed.log")
-    rc = pipe.wait()
-    pipeline_s = time.time() - t0
-    _stop(base)
-    (out / "timing.json").write_text(json.dumps({"pipeline_s": pipeline_s, "pipeline_rc": rc}))
-    print(f"[{time.strftime('%H:%M:%S')}] pipeline exited {rc} after {pipeline_s:.0f} s; base_mixed stopped", flush=True)
+    if opd_only:
+        rc = _start([sys.executable, "-m", "launch.pipeline", "+experiment=smol_pipeline", f"run_dir={out / 'pipeline'}",
+                     "pipeline.specialists=[math]", "pipeline.stop_after=specialists", "logger.mode=disabled"], gpu,
+                    out / "logs" / "pipeline.log").wait()
+        print(f"[{time.strftime('%H:%M:%S')}] math specialist exited {rc} after {time.time() - t0:.0f} s", flush=True)
+    else:
+        pipe = _start([sys.executable, "-m", "launch.pipeline", "+experiment=smol_pipeline",
+                       f"run_dir={out / 'pipeline'}", "logger.mode=disabled"], 0, out / "logs" / "pipeline.log")
+        base = _start([sys.executable, "-m", "launch.train", "+experiment=smol_mixed", f"run_dir={out / 'base_mixed'}",
+                       "trainer.total_steps=1000", "eval.before_train=true", *QUIET], 1, out / "logs" / "base_mixed.log")
+        rc = pipe.wait()
+        pipeline_s = time.time() - t0
+        _stop(base)
+        (out / "timing.json").write_text(json.dumps({"pipeline_s": pipeline_s, "pipeline_rc": rc}))
+        print(f"[{time.strftime('%H:%M:%S')}] pipeline exited {rc} after {pipeline_s:.0f} s; base_mixed stopped",
+              flush=True)
     done = complete_checkpoints(out / "pipeline" / "specialists" / "math")
     teacher = done[-1] / "hf" if done else None
     jobs = []
@@ -78,7 +87,7 @@ def orchestrate(out: Path, opd_steps: int) -> None:
         jobs.append(_start([sys.executable, "-m", "launch.train", "+experiment=smol_mixed", "~domains.agent",
                             f"run_dir={out / 'opd_math'}", f"trainer.total_steps={opd_steps}", "eval.every=5",
                             "eval.before_train=true", "algorithm.objective=distill", f"++domains.math.teacher={teacher}",
-                            "++domains.math.reward_coef=0", *QUIET], 0, out / "logs" / "opd_math.log"))
+                            "++domains.math.reward_coef=0", *QUIET], gpu, out / "logs" / "opd_math.log"))
     for j in jobs:
         j.wait()
     (out / "DONE").write_text(f"{time.time() - t0:.0f}\n")
@@ -89,7 +98,8 @@ def launch(args) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     log = (args.out / "orchestrate.log").open("a")
     subprocess.Popen([sys.executable, __file__, "--out", str(args.out), "--orchestrate", "--opd-steps",
-                      str(args.opd_steps)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                      str(args.opd_steps), "--gpu", str(args.gpu), *(["--opd-only"] if args.opd_only else [])],
+                     cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     print(f"started; progress: python {Path(__file__).name} --out {args.out} --wait 580")
 
 
@@ -226,11 +236,14 @@ def main() -> None:
     ap.add_argument("--wait", type=float)
     ap.add_argument("--report", action="store_true")
     ap.add_argument("--opd-steps", type=int, default=20)
+    ap.add_argument("--opd-only", action="store_true",
+                    help="only the math specialist (GRPO from the base) and the distillation from it, on --gpu")
+    ap.add_argument("--gpu", type=int, default=0, help="--opd-only: the GPU to run on")
     ap.add_argument("--plot")
     ap.add_argument("--readme", action="store_true")
     args = ap.parse_args()
     if args.orchestrate:
-        orchestrate(args.out, args.opd_steps)
+        orchestrate(args.out, args.opd_steps, args.opd_only, args.gpu)
     elif args.launch:
         launch(args)
     elif args.wait is not None:

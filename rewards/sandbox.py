@@ -92,7 +92,7 @@ CONFIG_KEYS = {"network_namespace": "netns", "sandbox_uid_base": "uid_base"}
 def sandbox_limits_from_config(cfg: Mapping | None, **overrides) -> SandboxLimits:
     """The sandbox limits of a `rewards.code`-style mapping (the code reward's params, or the config section
     itself), then `overrides` (SandboxLimits field names). The one construction for every caller (the code
-    reward, the code_interpreter environment), so a setting like require_os_isolation reaches all of them.
+    reward, the code_interpreter and code_repo environments), so a setting like require_os_isolation reaches all of them.
     Keys that are no sandbox setting (mode, timeout_s, parallel...) are ignored; missing ones keep the default."""
     names = {f.name for f in fields(SandboxLimits)}
     values = {}

@@ -22,7 +22,7 @@ class ConfigError(ValueError):
 
 DOMAIN_KEYS = {"weight", "dataset", "eval_dataset", "kl_coef", "opsm_delta", "rewards", "agent", "teacher", "distill_coef", "reward_coef",
                "thinking"}
-DATASET_KEYS = {"path", "name", "split", "columns", "system_prompt", "data_files"}
+DATASET_KEYS = {"path", "name", "split", "columns", "system_prompt", "data_files", "where"}
 ENGINES = {"hf", "vllm", "auto"}
 AUTO_BOOL = {"auto", True, False}
 LOGGER_MODES = {"auto", "online", "offline", "disabled"}
@@ -107,6 +107,15 @@ def _validate_dataset(ds: Any, path: str, required: str = "prompt") -> None:
     cols = ds.get("columns") or {}
     if not isinstance(cols, Mapping) or required not in cols:
         raise ConfigError(f"{path}.columns must map at least `{required}` to a dataset column")
+    where = ds.get("where")
+    if where is not None and (not isinstance(where, Mapping) or not all(
+            _is_scalar(v) or (isinstance(v, (list, tuple)) and v and all(map(_is_scalar, v))) for v in where.values())):
+        raise ConfigError(f"{path}.where must map dataset columns to a value or a list of values (the rows kept), "
+                          f"e.g. {{difficulty: easy}}; got {where!r}")
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool))
 
 
 def teacher_paths(cfg: Mapping) -> list[str]:

@@ -80,6 +80,16 @@ def load_domain_rows(domain: str, ds_cfg: Mapping, required: set[str] = frozense
         reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
         raise ConfigError(f"{key}.path={path}: could not load the dataset ({type(e).__name__}: {reason})") from None
 
+    # `where: {column: value or [values]}` keeps the rows whose columns hold one of those values (applied to the
+    # dataset's own column names, before renaming): e.g. an agent domain on an environment's easy tasks only.
+    for col, want in dict(ds_cfg.get("where") or {}).items():
+        if col not in ds.column_names:
+            raise ConfigError(f"{key}.where.{col}: column {col!r} not in the dataset (columns: {ds.column_names})")
+        allowed = list(want) if isinstance(want, (list, tuple)) else [want]
+        rows_raw = [ex for ex in rows_raw if ex[col] in allowed]
+        if not rows_raw:
+            raise ConfigError(f"{key}.where.{col}: no row of {path} has {col} in {allowed}")
+
     columns = dict(ds_cfg.get("columns") or {})
     for field in sorted(required - set(columns)):
         columns[field] = field  # default: the dataset already uses our name

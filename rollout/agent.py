@@ -5,7 +5,16 @@ format's `initial_prompt`). Each turn the engine continues the episode's context
 verbatim (never decoded and tokenised again), its text is parsed for tool calls, the episodes' calls run (episodes
 concurrently; one episode's calls one after another in the order the model wrote them, each with a deadline), and
 the tool results are rendered as text (the format escapes special tokens), tokenised on their own and appended with
-loss mask 0. Turns of all live episodes go to the engine in one call, so vLLM batches (and prefix-caches) them.
+loss mask 0.
+
+Scheduling (`agent.schedule`): lockstep (the default) sends the turns of all live episodes to the engine in one call,
+so vLLM batches (and prefix-caches) them, and every turn waits for the slowest episode's tool calls. per_episode
+sends an episode's next turn as soon as its own tool results are back, while the others generate or wait on their
+tools (rollout/engine_stream.py: vLLM's engine loop stepped directly, one request per turn; the transformers engine
+generates whatever is pending in one call). With sp.seed every request has a seed of its own (the episode's identity
+and its request count), so both schedules give the same episodes for a fixed engine (exactly on the transformers
+engine; vLLM honours the seeds with rollout.per_request_seed). An episode's tool seconds (`tool_wall_s`) are the
+wall time of its own calls per_episode, of the slowest episode's in lockstep.
 
 Stitched into one `Trajectory` per episode: response = everything after the first prompt; `generated` marks the
 model's tokens; `inference_logprobs` and kept sets come from the engine for generated tokens (0 and an empty kept
@@ -23,13 +32,19 @@ An episode ends when the model submits (the environment's final tool), answers w
 `max_context_tokens` / `max_episode_tokens` (reason `length`: nothing over the window is ever sent to the engine).
 The environment's verifier then scores the final state; its outcome is read by the `env_verifier` reward.
 
-Context management (`agent.context_strategy`: discard_75 | discard_all; `summary` is not available yet; default
-none = the above): when a turn's tool results would bring the context to `agent.context_trigger` (0.8) of
-`max_context_tokens` or past it, the episode's messages with those results are shrunk by
-`rollout.thinking.manage_context` (the first 75% of the tool-call turns with their results, or all of them, dropped;
-system, task and answers without calls kept), rendered by the episode's tool-call format (`initial_prompt`) and
-tokenised as a NEW prompt, and the episode goes on from it (`messages` becomes the managed list). Where nothing can
-be dropped or the new prompt is not shorter, the episode ends as before. `max_turns` and `max_episode_tokens` count
+Context management (`agent.context_strategy`: summary | discard_75 | discard_all; default none = the above): when a
+turn's tool results would bring the context to `agent.context_trigger` (0.8) of `max_context_tokens` or past it, the
+episode's messages with those results are shrunk by `rollout.thinking.manage_context` (the first 75% of the tool-call
+turns with their results, or all of them, dropped; system, task and answers without calls kept), rendered by the
+episode's tool-call format (`initial_prompt`) and tokenised as a NEW prompt, and the episode goes on from it
+(`messages` becomes the managed list). Where nothing can be dropped or the new prompt is not shorter, the episode
+ends as before. `summary`: the policy writes the summary itself, through the same engine: in place of the turn's
+tool results it is shown SUMMARY_REQUEST (as the environment's message), its next generation is the summary (not a
+turn: max_turns does not count it), and the new context is the system prompt, the task, one user message holding
+the summary (escaped, under SUMMARY_HEADER) in place of every earlier tool-call turn, then the current turn's calls
+and their results, held back until now; the summary's tokens end the closing segment and train like a turn's. Where
+there is no earlier tool-call turn, or the request and MIN_SUMMARY_TOKENS do not fit, the results go on as without a
+strategy. `max_turns` and `max_episode_tokens` count
 the whole episode. How it trains: token-in/token-out makes every managed context a new prompt, so the episode is
 several context segments, each a sample of its own: prompt = the context it started from (the first prompt, then
 each managed one), response/loss mask/inference logprobs/kept sets/routes = that segment's tokens only (so Keep
@@ -55,12 +70,12 @@ import concurrent.futures as cf
 import dataclasses
 import logging
 import time
+import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-
-import numpy as np
+from dataclasses import dataclass
 
 from rl.trajectory import Trajectory
+from rollout.episode import Episode, describe, episode_trajectory, renderable, safe_text
 from rollout.sampling import SamplingParams, decode_response
 
 log = logging.getLogger(__name__)
@@ -82,8 +97,9 @@ class AgentConfig:
     system_prompt: str | None = None  # added before the environment's description
     tool_workers: int = 16  # episodes whose tool calls run at the same time, per rollout worker
     demo: bool = False  # show one solved episode of another task first (the environment's reference solution)
-    context_strategy: str = "none"  # none | discard_75 | discard_all (summary: not available yet); module docstring
+    context_strategy: str = "none"  # none | summary | discard_75 | discard_all; module docstring
     context_trigger: float = 0.8  # share of max_context_tokens at which the context is managed
+    schedule: str = "lockstep"  # lockstep | per_episode: when an episode's next turn goes to the engine
 
     @classmethod
     def from_config(cls, block: Mapping) -> "AgentConfig":
@@ -112,14 +128,13 @@ class AgentConfig:
             if kind == "int":
                 values[f.name] = int(v)
         if not isinstance(values.get("env"), str) or not values["env"]:
-            raise ValueError("env: name a bundled environment (smoke | search | code_interpreter | trip_planning) "
-                             "or a directory")
+            raise ValueError("env: name a bundled environment (smoke | search | search_long | code_interpreter | "
+                             "trip_planning | code_repo) or a directory")
         if values.get("demo") and values.get("thinking"):
             raise ValueError("demo: the demonstration's turns carry no reasoning; use it with thinking: false")
         strategy = values.get("context_strategy", "none")
-        if strategy == "summary":
-            raise ValueError("context_strategy=summary is not available yet (the policy writing its own summary); "
-                             f"use one of {CONTEXT_STRATEGIES}")
+        if values.get("schedule", "lockstep") not in SCHEDULES:
+            raise ValueError(f"schedule={values['schedule']!r}: expected one of {SCHEDULES}")
         if strategy not in CONTEXT_STRATEGIES:
             raise ValueError(f"context_strategy={strategy!r}: expected one of {CONTEXT_STRATEGIES}")
         if values.get("context_trigger", 0.8) > 1:
@@ -131,140 +146,16 @@ class AgentConfig:
         return cls(**values)
 
 
-def safe_text(text) -> str:
-    """`text` as the tokenizer (and a UTF-8 file) takes it: lone surrogates (a JSON "\\ud800", bytes decoded with
-    surrogateescape) become U+FFFD, a surrogate pair held as two code points becomes its character, NULs become
-    U+FFFD; anything not a string is str()-ed. Valid text comes back unchanged; idempotent."""
-    if not isinstance(text, str):
-        text = str(text)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # only surrogates fail: utf-16 joins the pairs and replaces the lone ones
-        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    return text.replace("\x00", "\ufffd") if "\x00" in text else text
-
-
-def safe_value(value):
-    """`safe_text` over every string of a JSON-like value (a parsed tool call's arguments may hold lone surrogates)."""
-    if isinstance(value, str):
-        return safe_text(value)
-    if isinstance(value, dict):
-        return {safe_text(k): safe_value(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [safe_value(v) for v in value]
-    return value
-
-
-def _renderable(fmt, messages: list[dict]) -> list[dict]:
-    """An episode's messages as its format's `initial_prompt` renders them: a hermes template that does not take the
-    `tool` role gets each turn's results in one user message (wrapped in <tool_response> where the format wraps
-    them), as `tool_results_text` does; one without native tools gets the calls as text in the assistant turn."""
-    from rollout.tool_format import RESPONSE_CLOSE, RESPONSE_OPEN
-
-    role, wrap = getattr(fmt, "tool_role", "tool"), getattr(fmt, "wrap_results", False)
-    native = getattr(fmt, "native_tools", True)
-    out: list[dict] = []
-    for m in messages:
-        m = dict(m)
-        if m.get("role") == "tool":
-            content = f"{RESPONSE_OPEN}\n{m['content']}\n{RESPONSE_CLOSE}" if wrap else m["content"]
-            if role != "tool" and out and out[-1].get("role") == role and out[-1].get("_results"):
-                out[-1]["content"] += "\n" + content
-                continue
-            m = {"role": role, "content": content, **({"_results": True} if role != "tool" else {})}
-        elif m.get("role") == "assistant" and m.get("tool_calls") and not native:
-            calls = [(c["function"]["name"], c["function"]["arguments"]) for c in m.pop("tool_calls")]
-            m["content"] = "\n".join(x for x in ((m.get("content") or "").strip(), fmt.call_text(calls)) if x)
-        out.append(m)
-    return [{k: v for k, v in m.items() if k != "_results"} for m in out]
-
-
-def _describe(exc: BaseException) -> str:
-    try:
-        return safe_text(f"{type(exc).__name__}: {exc}")[:500]
-    except Exception:  # noqa: BLE001 - an exception whose str() raises still has a name
-        return type(exc).__name__
-
-
-CONTEXT_STRATEGIES = ("none", "discard_75", "discard_all")  # agent.context_strategy (thinking.py's, less summary)
+CONTEXT_STRATEGIES = ("none", "summary", "discard_75", "discard_all")  # agent.context_strategy
+SCHEDULES = ("lockstep", "per_episode")  # agent.schedule
 NO_TOOL_CALLED = "No tool was called. Use the tools, and call the submit tool with your final result."
-
-
-@dataclass
-class _Episode:
-    request: dict
-    index: int
-    session: object
-    prompt_ids: list[int]
-    response_ids: list[int] = field(default_factory=list)
-    generated: list[bool] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    kept: list[np.ndarray] | None = None  # per response position (None: no kept sets recorded)
-    loss: list[float] = field(default_factory=list)  # 0 for tool tokens and for positions whose kept set was cut
-    routes: np.ndarray | None = None
-    texts: list[str] = field(default_factory=list)  # the model's decoded turns
-    transcript: list[str] = field(default_factory=list)  # turns and tool results, for the logs
-    calls: list[dict] = field(default_factory=list)  # {tool, status, seconds}
-    turns: int = 0
-    kept_set_cut: int = 0
-    reason: str | None = None  # why it ended: submitted | answer | max_turns | length | tool_timeout | error
-    error: str | None = None  # reason `error`: where and what
-    tool_wall_s: float = 0.0
-    parsed: object = None  # the last turn, parsed by the tool-call format
-    cut_turn: bool = False  # the last turn stopped at max_new_tokens, without its end token
-    thinking: bool = False  # the episode's thinking mode (the request's, else agent.thinking)
-    format: object = None  # the tool-call format of that mode (AgentRunner.format_for)
-    # The episode as chat messages (system, user, then assistant turns as the format parsed them and `tool` results
-    # as the model saw them), for data generation (launch/generate.py); a demonstration's turns are not in it.
-    messages: list[dict] = field(default_factory=list)
-    tool_contents: list[str] = field(default_factory=list)  # the last tool message's results, as `tool` contents
-    # agent.context_strategy: the closed context segments (each one's token arrays, as `_manage` keeps them), the
-    # response tokens they held (counted against max_episode_tokens), resets and the tokens they dropped
-    segments: list[dict] = field(default_factory=list)
-    spent_tokens: int = 0
-    context_resets: int = 0
-    discarded_tokens: int = 0
-
-    @property
-    def context(self) -> list[int]:
-        return self.prompt_ids + self.response_ids
-
-    def add_generation(self, g) -> None:
-        """Appends one turn; checked first and applied whole, so that an engine output that does not add up fails
-        the episode with its token arrays still aligned."""
-        ids = [int(t) for t in g.response_ids]
-        logprobs = [float(x) for x in g.inference_logprobs]
-        loss = list(g.loss_mask) if g.loss_mask is not None else [1.0] * len(ids)
-        if len(logprobs) != len(ids) or len(loss) != len(ids):
-            raise ValueError(f"the engine returned {len(ids)} tokens with {len(logprobs)} logprobs and {len(loss)} "
-                             "loss-mask values")
-        kept = None
-        if g.kept_offsets is not None:
-            if len(g.kept_offsets) != len(ids) + 1:
-                raise ValueError(f"the engine returned {len(g.kept_offsets)} kept-set offsets for {len(ids)} tokens")
-            kept = [g.kept_ids[g.kept_offsets[j] : g.kept_offsets[j + 1]] for j in range(len(ids))]
-        routes = self.routes
-        if g.routed_experts is not None:  # rows of this call's context + generation; keep what earlier turns had
-            routes = g.routed_experts if routes is None else np.concatenate(
-                [routes, g.routed_experts[len(routes):]], axis=0)
-        if kept is not None:
-            earlier = self.kept if self.kept is not None else [np.zeros(0, np.int32)] * len(self.response_ids)
-            self.kept = earlier + kept
-        self.response_ids += ids
-        self.generated += [True] * len(ids)
-        self.logprobs += logprobs
-        self.loss += loss
-        self.kept_set_cut += int(g.kept_set_cut)
-        self.routes = routes
-        self.turns += 1
-
-    def add_tool_tokens(self, ids: list[int]) -> None:
-        self.response_ids += ids
-        self.generated += [False] * len(ids)
-        self.logprobs += [0.0] * len(ids)
-        self.loss += [0.0] * len(ids)
-        if self.kept is not None:
-            self.kept += [np.zeros(0, np.int32)] * len(ids)
+# context_strategy=summary: shown beside the tool results that reach the trigger; the policy's answer replaces the
+# tool-call history (under SUMMARY_HEADER, as a user message)
+SUMMARY_REQUEST = ("Your context is almost full. Do not call a tool now. Write a summary of your work so far: every "
+                   "fact, id and value you found that the task still needs, and what is left to do. Your earlier tool "
+                   "calls and their results will be replaced by this summary.")
+SUMMARY_HEADER = "Summary of your work so far (your earlier tool calls and their results were removed):"
+MIN_SUMMARY_TOKENS = 16  # the summary is asked for only when at least this many tokens fit after the request
 
 
 class AgentRunner:
@@ -364,7 +255,7 @@ class AgentRunner:
     def run(self, requests: list[dict], sp: SamplingParams) -> list[Trajectory]:
         """requests: {group_id, domain, sample (the task row), thinking (optional: the episodes' mode; None or absent:
         agent.thinking), ...}; sp.n episodes per request."""
-        episodes: list[_Episode] = []
+        episodes: list[Episode] = []
         try:
             for req in requests:
                 task = self.task_of(req["sample"])
@@ -375,8 +266,8 @@ class AgentRunner:
                                 "episodes end before the first turn (raise the limit or shorten the task)",
                                 task.get("id"), len(prompt_ids), self.cfg.max_context_tokens)
                 for j in range(sp.n):
-                    ep = _Episode({**req, "task": task}, j, None, prompt_ids, thinking=thinking,
-                                  format=self.format_for(thinking), messages=self._messages(task))
+                    ep = Episode({**req, "task": task}, j, None, prompt_ids, thinking=thinking,
+                                 format=self.format_for(thinking), messages=self._messages(task))
                     episodes.append(ep)  # before anything else can fail, so that `finally` closes every session
                     try:
                         ep.session = self.env.reset(task)
@@ -385,14 +276,10 @@ class AgentRunner:
                         continue
                     if len(prompt_ids) >= self.cfg.max_context_tokens:
                         ep.reason = "length"
-            turn = 0
-            while True:
-                live = [ep for ep in episodes if ep.reason is None]
-                if not live:
-                    break
-                self._generate(live, sp, turn)
-                self._act([ep for ep in live if ep.reason is None])
-                turn += 1
+            if self.cfg.schedule == "per_episode":
+                self._run_per_episode(episodes, sp)
+            else:
+                self._run_lockstep(episodes, sp)
             return [self._record(ep) for ep in episodes]
         finally:
             for ep in episodes:
@@ -402,57 +289,130 @@ class AgentRunner:
                 except Exception:  # noqa: BLE001 - one environment's clean-up must not leave the others open
                     log.warning("agent: closing an episode's session failed", exc_info=True)
 
-    def _fail(self, ep: _Episode, where: str, exc: BaseException) -> None:
+    def _run_lockstep(self, episodes: list[Episode], sp: SamplingParams) -> None:
+        """Turn by turn: every live episode's next generation in one engine call (one per distinct token budget),
+        then every episode's tool calls, concurrently; the next turn starts when the slowest tool call is back."""
+        while True:
+            live = [ep for ep in episodes if ep.reason is None]
+            if not live:
+                break
+            by_sp: dict[str, list] = {}
+            for ep in live:
+                request = self._next_request(ep, sp)
+                if request is not None:
+                    by_sp.setdefault(repr(request[1]), []).append((ep, *request))
+            acting = []
+            for items in by_sp.values():
+                tsp = items[0][2]
+                seeds = {"seeds": [seed for *_, seed in items]} if tsp.seed is not None else {}
+                for (ep, *_), gens in zip(items, self.engine.generate([ctx for _, ctx, _, _ in items], tsp, **seeds)):
+                    try:
+                        (g,) = gens
+                    except Exception as exc:  # noqa: BLE001 - an engine answer of the wrong shape fails the episode
+                        self._fail(ep, "model turn", exc)
+                        continue
+                    if self._take(ep, g, tsp, sp):
+                        acting.append(ep)
+            self._act(acting)
+
+    def _run_per_episode(self, episodes: list[Episode], sp: SamplingParams) -> None:
+        """agent.schedule=per_episode: each episode's next generation goes to the engine as soon as its own tool
+        results are back (rollout/engine_stream.py), while the others generate or wait on their tools."""
+        from rollout.engine_stream import open_stream
+
+        stream = open_stream(self.engine, sp)
+        generating: dict = {}  # stream key -> (episode, its SamplingParams)
+        tools: dict[cf.Future, tuple[Episode, float]] = {}
+
+        def advance(ep: Episode) -> None:
+            request = ep.reason is None and self._next_request(ep, sp)
+            if request:
+                context, tsp, seed = request
+                generating[stream.submit(context, tsp, seed)] = (ep, tsp)
+
+        try:
+            for ep in episodes:
+                advance(ep)
+            while generating or tools:
+                if generating:
+                    finished = stream.wait()
+                else:  # nothing generating: wait for the first episode whose tool calls are back
+                    cf.wait(tools, return_when=cf.FIRST_COMPLETED)
+                    finished = []
+                for key, g in finished:
+                    ep, tsp = generating.pop(key)
+                    if self._take(ep, g, tsp, sp):
+                        tools[self._pool.submit(self._run_calls, ep)] = (ep, time.perf_counter())
+                    else:
+                        advance(ep)  # a summary was written: the episode goes on from its new context
+                for fut in [f for f in tools if f.done()]:
+                    ep, t0 = tools.pop(fut)
+                    ep.tool_wall_s += time.perf_counter() - t0
+                    try:
+                        self._after_calls(ep, fut.result())
+                    except Exception as exc:  # noqa: BLE001
+                        self._fail(ep, "tool calls", exc)
+                    advance(ep)
+        finally:
+            stream.close()  # fills in the logprobs and kept sets of what vLLM's stream returned
+
+    def _fail(self, ep: Episode, where: str, exc: BaseException) -> None:
         """An error inside one episode ends that episode (see the module docstring), never the step."""
-        ep.reason, ep.error = "error", f"{where}: {_describe(exc)}"
+        ep.reason, ep.error = "error", f"{where}: {describe(exc)}"
         log.warning("agent episode %s-%s failed in %s", ep.request.get("group_id"), ep.index, where, exc_info=exc)
 
-    def _room(self, ep: _Episode, sp: SamplingParams) -> int:
+    def _room(self, ep: Episode, sp: SamplingParams) -> int:
         return min(sp.max_new_tokens, self.cfg.max_context_tokens - len(ep.context),
                    self.cfg.max_episode_tokens - ep.spent_tokens - len(ep.response_ids))
 
-    def _generate(self, live: list[_Episode], sp: SamplingParams, turn: int) -> None:
-        """One turn of every live episode: one engine call per distinct token budget (usually just one)."""
-        by_room: dict[int, list[_Episode]] = {}
-        for ep in live:
-            room = self._room(ep, sp)
-            if room <= 0:
-                ep.reason = "length"
-            else:
-                by_room.setdefault(room, []).append(ep)
-        for room, eps in sorted(by_room.items()):
-            seed = None if sp.seed is None else (sp.seed + 7919 * (turn + 1)) % (2**63)
-            # a turn ends at the format's end token even where it is not the tokenizer's EOS (a base model with
-            # ChatML markup: EOS <|endoftext|>, turns end at <|im_end|>)
-            stops = {i for ep in eps for i in ep.format.stop_ids}  # one set per format name: the modes' are equal
-            tsp = dataclasses.replace(sp, n=1, max_new_tokens=room, seed=seed,
-                                      stop_token_ids=sorted({*sp.stop_token_ids, *stops}))
-            for ep, gens in zip(eps, self.engine.generate([ep.context for ep in eps], tsp)):
-                try:
-                    (g,) = gens
-                    ep.add_generation(g)
-                    text = decode_response(self.tok, g.response_ids)
-                    ep.texts.append(text)
-                    ep.transcript.append(text)
-                    ep.cut_turn = g.finish_reason == "length"
-                    if ep.cut_turn and room < sp.max_new_tokens:
-                        ep.reason = "length"  # the episode's budget, not the turn's, ran out
-                    ep.parsed = ep.format.parse(text)
-                    ep.messages.append(ep.parsed.to_message())
-                except Exception as exc:  # noqa: BLE001
-                    self._fail(ep, "model turn", exc)
+    def _next_request(self, ep: Episode, sp: SamplingParams) -> tuple[list[int], SamplingParams, int | None] | None:
+        """The episode's next generation: (context, sampling settings, seed), or None when no token fits (reason
+        `length`). With sp.seed each request has a seed of its own, from the episode's identity and how many
+        requests it made before, so its sample does not depend on what else the engine batches with it."""
+        room = self._room(ep, sp)
+        if room <= 0:
+            ep.reason = "length"
+            return None
+        # a turn ends at the format's end token even where it is not the tokenizer's EOS (a base model with ChatML
+        # markup: EOS <|endoftext|>, turns end at <|im_end|>); one set per format name: the modes' are equal
+        tsp = dataclasses.replace(sp, n=1, max_new_tokens=room,
+                                  stop_token_ids=sorted({*sp.stop_token_ids, *ep.format.stop_ids}))
+        seed = None
+        if sp.seed is not None:
+            key = f"{ep.request.get('group_id')}\0{ep.index}\0{ep.generations}".encode("utf-8", "replace")
+            seed = (sp.seed + zlib.crc32(key) * 1_000_003) % (2**63)
+        ep.generations += 1
+        return ep.context, tsp, seed
 
-    def _act(self, live: list[_Episode]) -> None:
-        """Run the tool calls of every episode, episodes concurrently; append their results, or end the episode."""
-        jobs = []
-        for ep in live:
+    def _take(self, ep: Episode, g, tsp: SamplingParams, sp: SamplingParams) -> bool:
+        """One generation of the episode: appended, decoded, parsed. True when the episode calls its tools next;
+        False when it ended or (a summary was written) generates again."""
+        try:
+            if ep.summarizing:
+                self._summarized(ep, g)
+                return False
+            ep.add_generation(g)
+            text = decode_response(self.tok, g.response_ids)
+            ep.texts.append(text)
+            ep.transcript.append(text)
+            ep.cut_turn = g.finish_reason == "length"
+            if ep.cut_turn and tsp.max_new_tokens < sp.max_new_tokens:
+                ep.reason = "length"  # the episode's budget, not the turn's, ran out
+            ep.parsed = ep.format.parse(text)
+            ep.messages.append(ep.parsed.to_message())
             parsed = ep.parsed
-            if not parsed.tool_calls and not parsed.errors and not self.cfg.require_submit:
+            if ep.reason is None and not parsed.tool_calls and not parsed.errors and not self.cfg.require_submit:
                 ep.reason = "answer"
-            else:  # also on the last turn: a submit there counts
-                jobs.append(ep)
+            return ep.reason is None  # else: also on the last turn (a submit there counts)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(ep, "model turn", exc)
+            return False
+
+    def _act(self, live: list[Episode]) -> None:
+        """Lockstep: the tool calls of every episode, episodes concurrently; their results appended, or the episode
+        ended."""
         t0 = time.perf_counter()
-        futures = [(ep, self._pool.submit(self._run_calls, ep)) for ep in jobs]
+        futures = [(ep, self._pool.submit(self._run_calls, ep)) for ep in live]
         results: dict[int, list] = {}
         for ep, fut in futures:
             try:
@@ -460,7 +420,7 @@ class AgentRunner:
             except Exception as exc:  # noqa: BLE001
                 self._fail(ep, "tool calls", exc)
         wall = time.perf_counter() - t0
-        for ep in jobs:
+        for ep in live:
             if ep.reason is not None:
                 continue
             ep.tool_wall_s += wall
@@ -469,7 +429,7 @@ class AgentRunner:
             except Exception as exc:  # noqa: BLE001
                 self._fail(ep, "tool results", exc)
 
-    def _run_calls(self, ep: _Episode) -> list:
+    def _run_calls(self, ep: Episode) -> list:
         """One turn's calls in the model's order, so that its first submit is the one that counts and its state
         changes happen as written (they serialise on the session anyway); none runs after the call that ended the
         episode or spent its session."""
@@ -484,7 +444,7 @@ class AgentRunner:
             done.append((call, res))
         return done
 
-    def _after_calls(self, ep: _Episode, done: list) -> None:
+    def _after_calls(self, ep: Episode, done: list) -> None:
         if any(res.final for _, res in done):
             ep.reason = "submitted"
             return
@@ -498,47 +458,105 @@ class AgentRunner:
         if ep.spent_tokens + len(ep.response_ids) + len(ids) >= self.cfg.max_episode_tokens:
             ep.reason = "length"  # the episode's token budget: it ends before the results
             return
-        if self.cfg.context_strategy != "none" and \
-                len(ep.context) + len(ids) >= self.cfg.context_trigger * self.cfg.max_context_tokens and \
-                self._manage(ep, len(ep.context) + len(ids)):
-            return
-        if len(ep.context) + len(ids) >= self.cfg.max_context_tokens:
+        size = len(ep.context) + len(ids)
+        if self.cfg.context_strategy != "none" and size >= self.cfg.context_trigger * self.cfg.max_context_tokens:
+            managed = self._ask_summary(ep, done) if self.cfg.context_strategy == "summary" else self._manage(ep, size)
+            if managed:
+                return
+        if size >= self.cfg.max_context_tokens:
             ep.reason = "length"  # the results would not fit: the episode ends before them
             return
         ep.add_tool_tokens(ids)
         ep.transcript.append(text)
         ep.messages += [{"role": "tool", "content": content} for content in ep.tool_contents]
 
-    def _manage(self, ep: _Episode, size: int) -> bool:
-        """agent.context_strategy: the episode's messages with this turn's tool results (`size` tokens as the context
-        would hold them) shrunk by `rollout.thinking.manage_context` and rendered by the episode's format as a new
-        prompt; the current segment is closed and the episode goes on from that prompt. False (nothing changed)
-        when there is no tool-call history to drop or the new prompt would not be shorter."""
+    def _managed_prompt(self, ep: Episode, messages: list[dict], size: int) -> tuple[list, list] | None:
+        """discard_75 | discard_all: the episode's `messages` (with this turn's tool results; `size` tokens as the
+        context holds them) shrunk by `rollout.thinking.manage_context` and rendered by the episode's format as a new
+        prompt: (managed messages, prompt ids), or None when there is no tool-call history to drop or the prompt is
+        not shorter."""
         from rollout.thinking import manage_context
 
         fmt = ep.format or self.format_for(ep.thinking)
-        messages = ep.messages + [{"role": "tool", "content": c} for c in ep.tool_contents]
         managed = manage_context(messages, lambda _: size, self.cfg.max_context_tokens, self.cfg.context_strategy,
                                  threshold=self.cfg.context_trigger * (1 - 1e-9))  # ours is >=, theirs >
         if len(managed) == len(messages):
-            return False
-        text = fmt.initial_prompt(_renderable(fmt, managed), self.tools, thinking=ep.thinking)
+            return None
+        text = fmt.initial_prompt(renderable(fmt, managed), self.tools, thinking=ep.thinking)
         prompt = self._encode(text)  # our rendering of the managed messages: a new prompt, not the model's output
         if len(prompt) >= min(size, self.cfg.max_context_tokens):
+            return None
+        return managed, prompt
+
+    def _manage(self, ep: Episode, size: int) -> bool:
+        """discard_75 | discard_all: the current segment is closed and the episode goes on from the managed prompt.
+        False (nothing changed) when nothing can be dropped or the new prompt would not be shorter."""
+        new = self._managed_prompt(ep, ep.messages + [{"role": "tool", "content": c} for c in ep.tool_contents], size)
+        if new is None:
             return False
-        ep.segments.append({"prompt_ids": ep.prompt_ids, "response_ids": ep.response_ids, "generated": ep.generated,
-                            "logprobs": ep.logprobs, "kept": ep.kept, "loss": ep.loss, "routes": ep.routes,
-                            "kept_set_cut": ep.kept_set_cut, "texts": ep.texts})
-        ep.spent_tokens += len(ep.response_ids)
-        ep.context_resets += 1
-        ep.discarded_tokens += size - len(prompt)
-        ep.prompt_ids, ep.response_ids, ep.generated, ep.logprobs, ep.loss, ep.texts = prompt, [], [], [], [], []
-        ep.kept, ep.routes, ep.kept_set_cut = None, None, 0
-        ep.messages = managed
-        ep.transcript.append(f"\n[context {self.cfg.context_strategy}: {size} -> {len(prompt)} tokens]\n")
+        ep.close_segment(new[1], new[0], size - len(new[1]))
+        ep.transcript.append(f"\n[context {self.cfg.context_strategy}: {size} -> {len(new[1])} tokens]\n")
         return True
 
-    def _tool_message(self, ep: _Episode, done: list) -> tuple[str, list[int]]:
+    def _ask_summary(self, ep: Episode, done: list) -> bool:
+        """summary: instead of this turn's tool results the model is shown SUMMARY_REQUEST (as the environment's
+        message), and its next generation is the summary (`_summarized`); the turn's call and its results are held
+        back and come after the summary in the new context, so the request needs room for itself and the summary
+        only. False (nothing changed) when there is no earlier tool-call turn to summarize, or the request and
+        MIN_SUMMARY_TOKENS would not fit the window or the episode's budget."""
+        from rollout.thinking import tool_history
+
+        earlier = ep.messages[:-1]  # the current turn (the calls just run) stays, with its results
+        if not tool_history(earlier):
+            return False
+        results = [{"role": "tool", "content": c} for c in ep.tool_contents]  # as `_tool_message` just made them
+        text, ids = self._note_message(ep, SUMMARY_REQUEST)
+        if len(ep.context) + len(ids) + MIN_SUMMARY_TOKENS > self.cfg.max_context_tokens or \
+                ep.spent_tokens + len(ep.response_ids) + len(ids) + MIN_SUMMARY_TOKENS > self.cfg.max_episode_tokens:
+            return False
+        ep.add_tool_tokens(ids)
+        ep.transcript.append(text)
+        ep.held = [ep.messages[-1], *results]
+        ep.messages = earlier
+        ep.summarizing = True
+        return True
+
+    def _summarized(self, ep: Episode, g) -> None:
+        """The policy's summary (a generation of this segment, trained on like a turn) replaces the tool-call
+        history before the current turn, which follows it with its results; the segment is closed and the episode
+        goes on from that context rendered as a new prompt. Ends the episode (reason `length`) when the prompt
+        would not be shorter than the context or would not leave room below the window."""
+        from rollout.thinking import manage_context
+
+        ep.summarizing = False
+        ep.add_generation(g, turn=False)
+        text = decode_response(self.tok, g.response_ids)
+        ep.texts.append(text)
+        ep.transcript.append(text)
+        fmt = ep.format or self.format_for(ep.thinking)
+        summary = (fmt.parse(text).to_message().get("content") or "").strip() or text.strip()
+        # escaped: the model's text must not become markup of the new prompt
+        managed = manage_context(ep.messages, lambda _: 1, 1, "summary", summary_role="user", threshold=0.0,
+                                 summarize=lambda _: f"{SUMMARY_HEADER}\n{fmt.escape(summary)}") + ep.held
+        prompt = self._encode(fmt.initial_prompt(renderable(fmt, managed), self.tools, thinking=ep.thinking))
+        size = len(ep.context)
+        if len(prompt) >= min(size, self.cfg.max_context_tokens):
+            ep.reason = "length"
+            return
+        ep.close_segment(prompt, managed, size - len(prompt))
+        ep.held = []
+        ep.transcript.append(f"\n[context summary: {size} -> {len(prompt)} tokens]\n")
+
+    def _note_message(self, ep: Episode, note: str) -> tuple[str, list[int]]:
+        """Our own message to the model in place of tool results (as `_tool_message` renders an error alone)."""
+        fmt = ep.format or self.format_for(ep.thinking)
+        text = fmt.error_text([note])
+        if ep.cut_turn:  # the turn hit max_new_tokens before its end token: close it first (not trained on)
+            text = fmt.end_token + text
+        text = safe_text(text)
+        return text, self._encode(text)
+
+    def _tool_message(self, ep: Episode, done: list) -> tuple[str, list[int]]:
         """The one place where tool results and the environment's messages become tokens: each text made safe for
         the tokenizer, each result cut to max_tool_output_tokens, all in ONE message of the format (a malformed
         call's error beside the real results), tokenised."""
@@ -558,7 +576,7 @@ class AgentRunner:
         return text, self._encode(text)
 
     # -- the record ----------------------------------------------------------------------------------------
-    def _outcome(self, ep: _Episode) -> dict:
+    def _outcome(self, ep: Episode) -> dict:
         # a failed or spent episode's state is not worth a verdict (a stopped tool may still be blocked in it)
         if ep.reason == "error":
             return {"score": 0.0, "reason": f"the episode failed: {ep.error}"}
@@ -568,61 +586,18 @@ class AgentRunner:
             score, reason = self.env.verify(ep.request["task"], ep.session)
             return {"score": float(score), "reason": None if reason is None else safe_text(reason)}
         except Exception as exc:  # noqa: BLE001 - a broken verifier fails the reward part, not the run
-            return {"score": 0.0, "error": _describe(exc)[:300]}
+            return {"score": 0.0, "error": describe(exc)[:300]}
 
-    def _record(self, ep: _Episode) -> Trajectory:
+    def _record(self, ep: Episode) -> Trajectory:
+        record = lambda: episode_trajectory(ep, self.env.name, self._outcome(ep), self.tok,  # noqa: E731
+                                            self.cfg.context_strategy != "none")
         try:
-            return self._trajectory(ep)
+            return record()
         except Exception as exc:  # noqa: BLE001 - the record of what went wrong, without its tokens
             self._fail(ep, "record", exc)
-            ep.response_ids, ep.generated, ep.logprobs, ep.loss = [], [], [], []
-            ep.kept, ep.segments, ep.spent_tokens = None, [], 0
+            ep.response_ids, ep.generated, ep.parts, ep.segments, ep.spent_tokens = [], [], [], [], 0
             ep.routes = None if ep.routes is None else ep.routes[: max(len(ep.prompt_ids) - 1, 0)]
-            return self._trajectory(ep)
-
-    def _trajectory(self, ep: _Episode) -> Trajectory:
-        generated = sum(sum(s["generated"]) for s in ep.segments) + sum(ep.generated)
-        R = ep.spent_tokens + len(ep.response_ids)
-        episode = {
-            "env": self.env.name, "turns": ep.turns, "termination": ep.reason, "calls": ep.calls,
-            "generated_tokens": int(generated), "tool_tokens": int(R - generated),
-            "tool_wall_s": round(ep.tool_wall_s, 4), "outcome": self._outcome(ep),
-            "transcript": "".join(ep.transcript), "messages": safe_value(ep.messages),
-            **({"error": ep.error} if ep.error else {}),
-            **({"context_resets": ep.context_resets, "discarded_tokens": ep.discarded_tokens}
-               if self.cfg.context_strategy != "none" else {}),
-        }
-        last = {"prompt_ids": ep.prompt_ids, "response_ids": ep.response_ids, "generated": ep.generated,
-                "logprobs": ep.logprobs, "kept": ep.kept, "loss": ep.loss, "routes": ep.routes,
-                "kept_set_cut": ep.kept_set_cut, "texts": ep.texts}
-        t = self._segment_trajectory(ep, last, f"{ep.request['group_id']}-{ep.index}",
-                                     "length" if ep.reason == "length" else "stop")
-        t.episode = episode
-        if ep.segments:
-            t.segments = [self._segment_trajectory(ep, s, f"{t.uid}-seg{k}", "stop") for k, s in enumerate(ep.segments)]
-        return t
-
-    def _segment_trajectory(self, ep: _Episode, seg: dict, uid: str, finish_reason: str) -> Trajectory:
-        """One context segment as a sample (the whole episode when its context was never managed)."""
-        req = ep.request
-        R = len(seg["response_ids"])
-        kept_ids = kept_offsets = None
-        if seg["kept"] is not None:
-            kept_offsets = np.zeros(R + 1, np.int64)
-            np.cumsum([len(k) for k in seg["kept"]], out=kept_offsets[1:])
-            kept_ids = np.concatenate(seg["kept"], dtype=np.int32) if R else np.zeros(0, np.int32)
-        loss = np.asarray(seg["loss"], np.float32)
-        if ep.reason == "error":  # nothing of a failed episode is trained on: the failure may not be the model's
-            loss = np.zeros_like(loss)
-        return Trajectory(
-            uid=uid, group_id=req["group_id"], domain=req["domain"],
-            prompt_ids=np.asarray(seg["prompt_ids"], np.int32), response_ids=np.asarray(seg["response_ids"], np.int32),
-            inference_logprobs=np.asarray(seg["logprobs"], np.float32), finish_reason=finish_reason,
-            loss_mask=loss, generated=np.asarray(seg["generated"], bool),
-            kept_ids=kept_ids, kept_offsets=kept_offsets, kept_set_cut=seg["kept_set_cut"],
-            routed_experts=seg["routes"], prompt_text=self.tok.decode(seg["prompt_ids"]),
-            response_text="\n".join(seg["texts"]), sample=req["sample"], thinking=req.get("thinking"),
-        )
+            return record()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -56,16 +56,16 @@ def default_num_logprobs(top_k: int) -> int:
     return int(top_k) + 1 if top_k and top_k > 0 else 64
 
 
-def _per_prompt(vsp, n_prompts: int):
+def _per_prompt(vsp, n_prompts: int, seeds: list[int] | None = None):
     """A seeded call (`rollout.per_request_seed`) gives prompt i the seed seed + i * 1_000_003, so equal prompts in
-    one call (the first turns of an agent task's episodes) still draw different samples; vLLM itself offsets the
-    seed of each of a request's n samples."""
-    if vsp.seed is None or n_prompts == 1:
+    one call (the first turns of an agent task's episodes) still draw different samples, or `seeds[i]` where the
+    caller gives one per prompt; vLLM itself offsets the seed of each of a request's n samples."""
+    if vsp.seed is None or (n_prompts == 1 and seeds is None):
         return vsp
     params = []
     for i in range(n_prompts):
         p = vsp.clone()
-        p.seed = (vsp.seed + i * 1_000_003) % (2**63)
+        p.seed = (int(seeds[i]) if seeds is not None else vsp.seed + i * 1_000_003) % (2**63)
         params.append(p)
     return params
 
@@ -103,6 +103,12 @@ class _Capture:
     kept_offsets: np.ndarray | None
     truncated: int
     cut: np.ndarray | None = None  # bool [R]: the kept set at this position may be incomplete
+
+
+def sampler_capture(c: dict) -> _Capture:
+    """One completion's rows as `rollout.vllm_capture.assemble` returns them."""
+    return _Capture(c["inference_logprobs"], c["kept_ids"], c["kept_offsets"],
+                    int(c["cut"].sum()) if c["cut"] is not None else 0, c["cut"])
 
 
 def flat_to_capture(flat, num_tokens: int, want_mask: bool) -> _Capture:
@@ -284,11 +290,15 @@ class VLLMEngine:
 
     def generate(self, prompts: list[list[int]], sp: SamplingParams, capture: bool = True,
                  on_samples_done: Callable[[list[tuple[int, list[Generation]]]], None] | None = None,
-                 ) -> list[list[Generation]]:
+                 seeds: list[int] | None = None) -> list[list[Generation]]:
         """Sample `sp.n` continuations of every prompt; grouped per prompt. capture=False (benchmarks only)
         skips logprobs, kept sets and the route conversion. `on_samples_done`: called during generation with
         [(prompt index, [one generation: tokens and finish reason only])] for each sample as it ends
-        (`_report_finished_samples`); vLLM then gets one request per sample (`_one_request_per_sample`)."""
+        (`_report_finished_samples`); vLLM then gets one request per sample (`_one_request_per_sample`).
+        `seeds`: one per prompt (with rollout.per_request_seed; sp.seed must be set too), instead of sp.seed's
+        offsets."""
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         if self._asleep:
             raise RuntimeError(f"vLLM engine is asleep ({sorted(self._asleep)}); sync weights / wake it first")
         want_mask = capture and sp.records_kept_sets
@@ -298,9 +308,10 @@ class VLLMEngine:
         if on_samples_done is not None and n > 1:
             # prompt i's samples are requests i*n..i*n+n-1, of one sample each
             inputs = self._prompts([p for p in prompts for _ in range(n)])
-            params, per_request = _one_request_per_sample(_per_prompt(vsp, len(prompts)), len(prompts), n), 1
+            params = _one_request_per_sample(_per_prompt(vsp, len(prompts), seeds), len(prompts), n)
+            per_request = 1
         else:
-            inputs, params, per_request = self._prompts(prompts), _per_prompt(vsp, len(prompts)), n
+            inputs, params, per_request = self._prompts(prompts), _per_prompt(vsp, len(prompts), seeds), n
         if hook:
             from rollout.vllm_capture import collect_rpc, start_rpc
 
@@ -342,30 +353,10 @@ class VLLMEngine:
             P = len(prompt)
             gens = []
             for _, comp in cs:
-                ids = np.asarray(comp.token_ids, dtype=np.int32)
-                R = len(ids)
-                g = Generation(
-                    response_ids=ids,
-                    inference_logprobs=np.zeros(R, dtype=np.float32),
-                    finish_reason=_finish_reason(comp),
-                )
-                if comp.finish_reason not in ("length", "stop"):
-                    log.warning("vLLM finished a request with %r; reported as 'stop'", comp.finish_reason)
+                g = self._generation(comp, P, routes=capture)
                 if capture:
-                    if hook:
-                        c = next(captured)
-                        cap = _Capture(c["inference_logprobs"], c["kept_ids"], c["kept_offsets"],
-                                       int(c["cut"].sum()) if c["cut"] is not None else 0, c["cut"])
-                    else:
-                        cap = flat_to_capture(comp.logprobs, R, want_mask)
-                    g.inference_logprobs = cap.inference_logprobs
-                    g.kept_ids, g.kept_offsets, g.kept_set_cut = cap.kept_ids, cap.kept_offsets, cap.truncated
-                    if cap.truncated:
-                        # The trainer cannot rebuild pi_old's normaliser from a cut set (it would renormalise over
-                        # too few ids and overestimate log pi_theta), so those positions stay out of the loss.
-                        g.loss_mask = (~cap.cut).astype(np.float32)
-                    if self.record_routes and comp.routed_experts is not None:
-                        g.routed_experts = align_routes(comp.routed_experts, P + R - 1, self.dense_layers, self.route_dtype)
+                    self._apply_capture(g, sampler_capture(next(captured)) if hook else
+                                        flat_to_capture(comp.logprobs, len(g.response_ids), want_mask))
                 gens.append(g)
             groups.append(gens)
         self.last_convert_seconds = time.perf_counter() - t0  # our conversion cost (benchmarks/rollout_capture.py)
@@ -377,6 +368,44 @@ class VLLMEngine:
             log.warning("Keep Sampling Mask: the kept sets of %d of %d sampled positions could not be recorded whole; "
                         "they are left out of the loss (rollout/kept_set_cut_frac): %s", cut, tokens, fix)
         return groups
+
+    def _generation(self, comp, P: int, routes: bool = True) -> Generation:
+        """One vLLM completion of a P-token prompt: its tokens, finish reason and (`routes`) routes; logprobs 0 until
+        `_apply_capture`."""
+        ids = np.asarray(comp.token_ids, dtype=np.int32)
+        R = len(ids)
+        g = Generation(response_ids=ids, inference_logprobs=np.zeros(R, dtype=np.float32),
+                       finish_reason=_finish_reason(comp))
+        if comp.finish_reason not in ("length", "stop"):
+            log.warning("vLLM finished a request with %r; reported as 'stop'", comp.finish_reason)
+        if routes and self.record_routes and comp.routed_experts is not None:
+            g.routed_experts = align_routes(comp.routed_experts, P + R - 1, self.dense_layers, self.route_dtype)
+        return g
+
+    @staticmethod
+    def _apply_capture(g: Generation, cap: "_Capture") -> None:
+        g.inference_logprobs = cap.inference_logprobs
+        g.kept_ids, g.kept_offsets, g.kept_set_cut = cap.kept_ids, cap.kept_offsets, cap.truncated
+        if cap.truncated:
+            # The trainer cannot rebuild pi_old's normaliser from a cut set (it would renormalise over too few ids
+            # and overestimate log pi_theta), so those positions stay out of the loss.
+            g.loss_mask = (~cap.cut).astype(np.float32)
+
+    def _apply_logprobs_output(self, g: Generation, comp, want_mask: bool) -> None:
+        """rollout.capture=logprobs: `g`'s logprobs and kept sets from vLLM's logprobs output of its completion."""
+        self._apply_capture(g, flat_to_capture(comp.logprobs, len(g.response_ids), want_mask))
+
+    def _apply_sampler_rows(self, g: Generation, rows: dict) -> None:
+        """rollout.capture=sampler: `g`'s logprobs and kept sets from its rows as `vllm_capture.assemble` gives them."""
+        self._apply_capture(g, sampler_capture(rows))
+
+    def stream(self, sp: SamplingParams):
+        """A `rollout.engine_stream.VLLMStream` on this engine (requests submitted and finished one by one)."""
+        from rollout.engine_stream import VLLMStream
+
+        if self._asleep:
+            raise RuntimeError(f"vLLM engine is asleep ({sorted(self._asleep)}); sync weights / wake it first")
+        return VLLMStream(self, sp)
 
     @contextmanager
     def _report_finished_samples(self, prompts: list[list[int]], per_request: int, on_samples_done):

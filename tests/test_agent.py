@@ -29,7 +29,7 @@ class ScriptedEngine:
     def __init__(self, tokenizer, texts: list[str]):
         self.tokenizer, self.texts, self.calls = tokenizer, texts, []
 
-    def generate(self, prompts, sp):
+    def generate(self, prompts, sp, seeds=None):
         self.calls.append([list(p) for p in prompts])
         self.params = sp
         turn = len(self.calls) - 1
@@ -364,7 +364,7 @@ def test_invalid_unicode_from_the_model_or_a_tool_is_made_safe(tmp_path, tok):
 
 
 def test_safe_text():
-    from rollout.agent import safe_text
+    from rollout.episode import safe_text
 
     assert safe_text("plain ascii") == "plain ascii" and safe_text("déjà 😀") == "déjà 😀"
     assert safe_text("a\ud800b") == "a\ufffdb" and safe_text("\udcff") == "\ufffd"
@@ -381,7 +381,7 @@ class PerTaskEngine(ScriptedEngine):
         super().__init__(tokenizer, [])
         self.by_key, self.turn = texts, {}
 
-    def generate(self, prompts, sp):
+    def generate(self, prompts, sp, seeds=None):
         self.calls.append([list(p) for p in prompts])
         out = []
         for p in prompts:

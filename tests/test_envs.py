@@ -397,7 +397,8 @@ def test_check_env_reports_failing_references_passing_perturbations_and_raising_
 
 
 def test_load_env_and_bundled_list(tmp_path):
-    assert set(bundled_envs()) >= {"smoke", "trip_planning", "code_interpreter", "search"}
+    assert set(bundled_envs()) >= {"smoke", "trip_planning", "code_interpreter", "search", "code_repo",
+                                   "search_long"}
     with pytest.raises(ValueError, match="unknown environment"):
         load_env("no_such_env")
     with pytest.raises(FileNotFoundError):

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from fuzz_strategies import FUZZ, any_text, decode_pass, json_shape
 
 from rl.models import load_tokenizer
-from rollout.agent import AgentConfig, AgentRunner, _Episode, safe_text
+from rollout.agent import AgentConfig, AgentRunner
+from rollout.episode import Episode, safe_text
 from rollout.envs.base import STATUSES, ToolResult, load_env
 from rollout.sampling import Generation, SamplingParams
 from rollout.tool_format import ParsedTurn, ToolCall, dsml_invoke, tool_format
@@ -234,7 +235,7 @@ def test_tool_results_are_rendered_and_tokenised_whatever_they_hold(tok, env_dir
     specials = set(tok.all_special_ids)
 
     def message(items, errs):
-        ep = _Episode({}, 0, None, [], parsed=ParsedTurn("", None, [], errs), cut_turn=cut)
+        ep = Episode({}, 0, None, [], parsed=ParsedTurn("", None, [], errs), cut_turn=cut)
         return runner._tool_message(ep, [(ToolCall("echo", {}), ToolResult(c, "ok", 0.0)) for c in items])
 
     text, ids = message(contents, errors)
@@ -253,7 +254,7 @@ class FuzzEngine:
     def __init__(self, tokenizer, turns):
         self.tokenizer, self.turns, self.n = tokenizer, turns, 0
 
-    def generate(self, prompts, sp):
+    def generate(self, prompts, sp, seeds=None):
         turn = self.turns[min(self.n, len(self.turns) - 1)]
         self.n += 1
         if isinstance(turn, str):

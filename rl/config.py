@@ -195,8 +195,9 @@ def validate(cfg: Mapping) -> None:
     for key in ("pack_sequences", "gradient_checkpointing"):
         if key in t:
             check_choice(t, key, "trainer", AUTO_BOOL)
-    if "coalesce_grad_reduction" in t:
-        check_choice(t, "coalesce_grad_reduction", "trainer", {True, False})
+    for key in ("coalesce_grad_reduction", "fused_adam"):
+        if key in t:
+            check_choice(t, key, "trainer", {True, False})
     if "compile" in t:
         check_choice(t, "compile", "trainer", {True, False})
         if t["compile"] and t["zero_stage"] == 3:  # its per-submodule gather hooks would break every compiled layer

@@ -53,8 +53,10 @@ def kept_matrix(
 
 
 def _logits_chunk(hidden, weight, bias, temperature, cdt, s, e):
-    """z = (h W^T + b) / T for positions s..e-1 in the compute dtype."""
-    return F.linear(hidden[s:e], weight, bias).to(cdt).div_(temperature)
+    """z = (h W^T + b) / T for positions s..e-1 in the compute dtype (no pass over the [c, V] logits to divide by
+    T = 1, SFT's: x / 1 is x)."""
+    z = F.linear(hidden[s:e], weight, bias).to(cdt)
+    return z if temperature == 1.0 else z.div_(temperature)
 
 
 def _drop_chunk(kept_ids, offsets_cpu, targets, s, e, vocab: int) -> torch.Tensor | None:
@@ -68,6 +70,14 @@ def _mask_chunk(z, kept_ids, offsets_cpu, targets, s, e):
     """-inf outside the kept sets of positions s..e-1 (in place); z unchanged without kept sets."""
     drop = _drop_chunk(kept_ids, offsets_cpu, targets, s, e, z.shape[1])
     return z if drop is None else z.masked_fill_(drop, float("-inf"))
+
+
+def _entropy_of_exp(e: torch.Tensor, total: torch.Tensor, log_total: torch.Tensor, out: torch.Tensor) -> None:
+    """The entropy of softmax(z) per row into `out`, from e = exp(z - max z) (overwritten), its row sums `total` and
+    their logs: H = -sum p log p with p = e / total is log(total) - sum(e log e) / total, both terms >= 0 (e <= 1), so
+    nothing cancels. In place: one pass over e and no [c, V] buffer, where p = e / total and xlogy(p, p) took two
+    passes and a new buffer. xlogy gives 0 (not NaN) where e = 0 (ids outside a kept set)."""
+    torch.sub(log_total, e.xlogy_(e).sum(-1).div_(total), out=out)
 
 
 def _entropy(z: torch.Tensor) -> torch.Tensor:
@@ -200,16 +210,16 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             if full_entropy.numel():
                 full_entropy[s:e] = _entropy(z)
             z = _mask_chunk(z, kept_ids, offsets_cpu, targets, s, e)
-            # logsumexp by hand, in place, so the chunk needs one [c, V] buffer instead of two.
+            # logsumexp by hand, in place, so the chunk needs one [c, V] buffer instead of two; results go straight
+            # into the outputs (out=), without a copy each
             target_z = z.gather(1, targets[s:e, None]).squeeze(1)
             zmax = z.amax(dim=-1)  # finite: the target is always kept
             total = z.sub_(zmax[:, None]).exp_().sum(-1)
-            lse[s:e] = zmax + total.log()
-            logp[s:e] = target_z - lse[s:e]
+            log_total = total.log()
+            torch.add(zmax, log_total, out=lse[s:e])
+            torch.sub(target_z, lse[s:e], out=logp[s:e])
             if with_entropy:
-                # H = -sum p log p; xlogy gives 0 (not NaN) for the masked-out ids where p = 0.
-                p = z.div_(total[:, None])
-                entropy[s:e] = -torch.special.xlogy(p, p).sum(-1)
+                _entropy_of_exp(z, total, log_total, out=entropy[s:e])
             del z
         return _end_forward(ctx, (hidden, weight, bias, targets, kept_ids, kept_offsets, lse), temperature,
                             chunk_size, logp, entropy, full_entropy)
@@ -233,13 +243,15 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             else:
                 z = _mask_chunk(_logits_chunk(hidden, weight, bias, ctx.temperature, cdt, s, e), kept_ids,
                                 offsets_cpu, targets, s, e)
-                # dz = g * (onehot - p) / T, built in place in the logits buffer (exp(-inf) = 0 off the kept set).
-                dz = z.sub_(lse[s:e, None]).exp_().mul_(-(g / ctx.temperature)[:, None])
-                dz[torch.arange(e - s, device=dz.device), targets[s:e]] += g / ctx.temperature
+                # dz = g * (onehot - p) / T, built in place in the logits buffer (exp(-inf) = 0 off the kept set);
+                # each row's target gets g / T added (one scatter: a row has one target)
+                gt = g if ctx.temperature == 1.0 else g / ctx.temperature
+                dz = z.sub_(lse[s:e, None]).exp_().mul_(-gt[:, None])
+                dz.scatter_add_(1, targets[s:e, None], gt[:, None])
                 dz_in = dz.to(hidden.dtype)
                 dz_sum = dz.sum(0) if grad_b is not None else None
             if grad_h is not None:
-                grad_h[s:e] = dz_in @ weight
+                torch.mm(dz_in, weight, out=grad_h[s:e])  # into the rows of grad_h, no copy
             if grad_w is not None:
                 add_outer(grad_w, dz_in, hidden[s:e])
             if grad_b is not None:

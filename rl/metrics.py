@@ -190,10 +190,12 @@ def forward_sums(batch, out, routing: tuple, first_minibatch: bool) -> dict:
     s: dict = {"tokens": tokens}
     if out.entropy is not None:
         s["entropy_sum"] = (out.entropy * mask).sum()
-        # NaN where not computed (the support head computes it at a subsample of positions)
-        seen = ~torch.isnan(out.full_entropy)
-        s["full_entropy_sum"] = (out.full_entropy.nan_to_num(0.0) * mask).sum()
-        s["full_entropy_tokens"] = (mask * seen).sum()
+        if out.full_entropy is out.entropy:  # no kept sets: the same entropy (`token_logprobs`), the same sums
+            s["full_entropy_sum"], s["full_entropy_tokens"] = s["entropy_sum"], tokens
+        else:  # NaN where not computed (the support head computes it at a subsample of positions)
+            seen = ~torch.isnan(out.full_entropy)
+            s["full_entropy_sum"] = (out.full_entropy.nan_to_num(0.0) * mask).sum()
+            s["full_entropy_tokens"] = (mask * seen).sum()
     if first_minibatch and batch.inference_logprobs is not None:
         s["mismatch_abs_sum"] = ((batch.inference_logprobs - out.logprobs.detach()).abs() * mask).sum()
         s["mismatch_tokens"] = tokens
@@ -205,33 +207,40 @@ class TrainStatSums:
     """A rank's metric sums over one step's micro-batches (`add`), turned into floats by `totals` once the step is
     done. Values computed on the GPU stay there until then: reading one (`float(t)`) blocks the CPU until the GPU has
     caught up, and with a few reads per sample the CPU could never queue kernels ahead of the GPU (the 0.6B benchmark's
-    train phase lost ~0.4 s of GPU time a step to such gaps, benchmarks/README.md). `totals` reads them in one copy.
-    It sums whatever it is given: the keys are `forward_sums`' and the objective's (trainer/objectives.py)."""
+    train phase lost ~0.4 s of GPU time a step to such gaps, benchmarks/README.md). Nor are they added up as they
+    come (a cast and an add per key and micro-batch, ~10 kernel launches a micro-batch on a CPU-bound step): `totals`
+    brings them over in one copy (per device and dtype) and adds them up on the host, in float64 and in the order
+    they came (the same sums as adding them on the device in float64). A tensor must keep its value once added
+    (the trainer's are fresh results, never written to later). It sums whatever it is given: the keys are
+    `forward_sums`' and the objective's (trainer/objectives.py)."""
 
     def __init__(self) -> None:
         self.host: dict[str, float] = defaultdict(float)
-        self.device: dict[str, torch.Tensor] = {}
-
-    def _add(self, key: str, value: torch.Tensor) -> None:
-        value = value.detach().double()  # counts stay exact past 2^24 tokens
-        self.device[key] = self.device[key] + value if key in self.device else value
+        self.pending: list[tuple[str, torch.Tensor]] = []  # (key, one micro-batch's value), in order
 
     def add(self, sums: Mapping) -> None:
-        """One micro-batch's sums: a tensor is added on its device, a Python number on the host."""
+        """One micro-batch's sums: a tensor is kept as it is (summed in `totals`), a Python number added on the host."""
         for key, value in sums.items():
             if isinstance(value, torch.Tensor):
-                self._add(key, value)
+                self.pending.append((key, value.detach().reshape(())))
             else:
                 self.host[key] += value
 
     def totals(self) -> dict[str, float]:
-        """Every sum as a float (the device sums in one transfer)."""
+        """Every sum as a float: the tensors in one transfer per device and dtype (a stack, then float64), added up on
+        the host in float64 and in order (counts stay exact past 2^24 tokens)."""
         out = dict(self.host)
-        if self.device:
-            keys = list(self.device)
-            values = torch.stack([self.device[k].reshape(()) for k in keys]).tolist()  # float64 (`_add`)
-            for k, v in zip(keys, values):  # a key can have both (Keep Routing's counts: ints or tensors)
-                out[k] = out.get(k, 0.0) + v
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i, (_, value) in enumerate(self.pending):
+            groups[value.device, value.dtype].append(i)
+        values: dict[int, float] = {}
+        for idx in groups.values():
+            values.update(zip(idx, torch.stack([self.pending[i][1] for i in idx]).double().tolist()))
+        sums: dict[str, float] = {}
+        for i, (key, _) in enumerate(self.pending):
+            sums[key] = sums[key] + values[i] if key in sums else values[i]
+        for k, v in sums.items():  # a key can have both (Keep Routing's counts: ints or tensors)
+            out[k] = out.get(k, 0.0) + v
         return out
 
 

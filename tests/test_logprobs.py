@@ -457,3 +457,31 @@ def test_add_outer_on_cpu_leaves_the_mixed_gemm_alone(caplog):
     with caplog.at_level("WARNING", logger="rl.logprobs"):
         lp.add_outer(acc, torch.randn(4, 6).bfloat16(), torch.randn(4, 3).bfloat16())
     assert lp._MIXED_ADDMM == [True] and not caplog.records
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("chunk_size", [1, 6, 1000])
+def test_temperature_one_values_entropy_and_gradients(masked, chunk_size):
+    """Temperature 1 (SFT's, and greedy sampling's): the head skips dividing the logits by it, builds the entropy in
+    place from exp(z - max) (log(total) - sum(e log e) / total) and adds each row's target term with one scatter.
+    Values, entropy and gradients against the float64 references, on rows as peaked as a trained model's (logits
+    x 40: entropies near 0) and flat ones (all logits equal: the entropy log V, or log |K| within a kept set)."""
+    hidden, weight, _, targets, sets, kept_ids, kept_offsets = _inputs(N=23, H=6, V=40)
+    with torch.no_grad():
+        hidden[::4] *= 40.0
+        hidden[1::4] = 0.0
+    kw = dict(kept_ids=kept_ids, kept_offsets=kept_offsets) if masked else {}
+    logp, ent, _ = token_logprobs(hidden, weight, targets, chunk_size=chunk_size, with_entropy=True, **kw)
+    want_logp, want_ent = _loop_reference(hidden, weight, None, targets, sets if masked else None, 1.0)
+    np.testing.assert_allclose(logp.detach().numpy(), want_logp, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ent.numpy(), want_ent, rtol=1e-10, atol=1e-12)
+    assert (ent >= 0).all()
+    if not masked:  # (a kept set can hold two near-tied ids)
+        assert ent[::4].max() < 0.1
+        np.testing.assert_allclose(ent[1::4].numpy(), math.log(40), rtol=1e-12)
+    coeff = torch.randn(hidden.shape[0], generator=torch.Generator().manual_seed(3), dtype=D)
+    got = torch.autograd.grad((coeff * logp).sum(), (hidden, weight))
+    naive, _ = token_logprobs_from_logits(hidden @ weight.T, targets, **kw)
+    want = torch.autograd.grad((coeff * naive).sum(), (hidden, weight))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

@@ -51,6 +51,7 @@ def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int, m
         "bf16": {"enabled": dtype == "bfloat16"},
         "fp16": {"enabled": dtype == "float16"},
         # torch's AdamW: DeepSpeed's fused/CPU Adam would JIT-compile for minutes (and failed on the GPU image).
+        # trainer.fused_adam: torch's fused kernel (DeepSpeed hands the extra key to torch.optim.AdamW)
         "optimizer": {
             "type": "AdamW",
             "params": {
@@ -59,6 +60,7 @@ def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int, m
                 "weight_decay": float(tcfg["weight_decay"]),
                 "eps": 1e-8,
                 "torch_adam": True,
+                **({"fused": True} if tcfg.get("fused_adam") else {}),
             },
         },
         "steps_per_print": 10**9,
@@ -125,7 +127,10 @@ class PolicyTrainer:
         # of the free GPU memory (rl/memory.py), and the trainer marks DeepSpeed's accumulation boundary itself
         self.auto_micro = str(tcfg["micro_batch_size"]) == "auto"
         self.micro_tokens = tcfg.get("micro_batch_tokens")  # with auto: a fixed token budget instead of the memory
-        self.colocated = rollout_placement(cfg["rollout"]) == "colocated"
+        self.objective = objective_of(cfg)
+        # only rollout engines share the trainer's GPU: an SFT step (a dataset source: no rollout worker starts) keeps
+        # its cached memory, where handing it back made the next step allocate every activation again (cudaMalloc)
+        self.colocated = self.objective.source == "rollouts" and rollout_placement(cfg["rollout"]) == "colocated"
         self.engine_share = engine_memory_share(cfg["rollout"], engines_per_gpu(cfg))  # what colocated vLLM wakes into
         self.grad_accum = micro_batches_per_minibatch(cfg, world_size)
         micro = per_rank_samples(cfg, world_size) if self.auto_micro else int(tcfg["micro_batch_size"])
@@ -144,7 +149,6 @@ class PolicyTrainer:
         drop_per_gradient_overflow_check(self.engine.optimizer)
         if self.zero_stage == 3:
             self.engine.module.register_zero3_external_head()
-        self.objective = objective_of(cfg)
         # an engine's samples are scored at the temperature it sampled at; dataset rows at 1 (the model's own logits)
         sampled_at = logprob_temperature(cfg["rollout"]) if self.objective.source == "rollouts" else 1.0
         self.temperature = sampled_at / scale

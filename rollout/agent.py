@@ -470,33 +470,29 @@ class AgentRunner:
         ep.transcript.append(text)
         ep.messages += [{"role": "tool", "content": content} for content in ep.tool_contents]
 
-    def _managed_prompt(self, ep: Episode, messages: list[dict], size: int) -> tuple[list, list] | None:
-        """discard_75 | discard_all: the episode's `messages` (with this turn's tool results; `size` tokens as the
-        context holds them) shrunk by `rollout.thinking.manage_context` and rendered by the episode's format as a new
-        prompt: (managed messages, prompt ids), or None when there is no tool-call history to drop or the prompt is
-        not shorter."""
-        from rollout.thinking import manage_context
-
+    def _restart(self, ep: Episode, managed: list[dict], size: int) -> bool:
+        """The episode goes on from its `managed` messages rendered by its format as a new prompt: the current
+        segment (`size` tokens of context, this turn's results counted) is closed. False (nothing changed) when that
+        prompt would not be shorter than the context or would not fit below the window."""
         fmt = ep.format or self.format_for(ep.thinking)
-        managed = manage_context(messages, lambda _: size, self.cfg.max_context_tokens, self.cfg.context_strategy,
-                                 threshold=self.cfg.context_trigger * (1 - 1e-9))  # ours is >=, theirs >
-        if len(managed) == len(messages):
-            return None
         text = fmt.initial_prompt(renderable(fmt, managed), self.tools, thinking=ep.thinking)
         prompt = self._encode(text)  # our rendering of the managed messages: a new prompt, not the model's output
         if len(prompt) >= min(size, self.cfg.max_context_tokens):
-            return None
-        return managed, prompt
+            return False
+        ep.close_segment(prompt, managed, size - len(prompt))
+        ep.transcript.append(f"\n[context {self.cfg.context_strategy}: {size} -> {len(prompt)} tokens]\n")
+        return True
 
     def _manage(self, ep: Episode, size: int) -> bool:
-        """discard_75 | discard_all: the current segment is closed and the episode goes on from the managed prompt.
-        False (nothing changed) when nothing can be dropped or the new prompt would not be shorter."""
-        new = self._managed_prompt(ep, ep.messages + [{"role": "tool", "content": c} for c in ep.tool_contents], size)
-        if new is None:
-            return False
-        ep.close_segment(new[1], new[0], size - len(new[1]))
-        ep.transcript.append(f"\n[context {self.cfg.context_strategy}: {size} -> {len(new[1])} tokens]\n")
-        return True
+        """discard_75 | discard_all: the episode's messages with this turn's tool results shrunk by
+        `rollout.thinking.manage_context`, and the episode restarted from them (`_restart`). False (nothing changed)
+        when nothing can be dropped or the new prompt would not be shorter."""
+        from rollout.thinking import manage_context
+
+        messages = ep.messages + [{"role": "tool", "content": c} for c in ep.tool_contents]
+        managed = manage_context(messages, lambda _: size, self.cfg.max_context_tokens, self.cfg.context_strategy,
+                                 threshold=self.cfg.context_trigger * (1 - 1e-9))  # ours is >=, theirs >
+        return len(managed) != len(messages) and self._restart(ep, managed, size)
 
     def _ask_summary(self, ep: Episode, done: list) -> bool:
         """summary: instead of this turn's tool results the model is shown SUMMARY_REQUEST (as the environment's
@@ -538,21 +534,20 @@ class AgentRunner:
         # escaped: the model's text must not become markup of the new prompt
         managed = manage_context(ep.messages, lambda _: 1, 1, "summary", summary_role="user", threshold=0.0,
                                  summarize=lambda _: f"{SUMMARY_HEADER}\n{fmt.escape(summary)}") + ep.held
-        prompt = self._encode(fmt.initial_prompt(renderable(fmt, managed), self.tools, thinking=ep.thinking))
-        size = len(ep.context)
-        if len(prompt) >= min(size, self.cfg.max_context_tokens):
-            ep.reason = "length"
-            return
-        ep.close_segment(prompt, managed, size - len(prompt))
         ep.held = []
-        ep.transcript.append(f"\n[context summary: {size} -> {len(prompt)} tokens]\n")
+        if not self._restart(ep, managed, len(ep.context)):
+            ep.reason = "length"
 
     def _note_message(self, ep: Episode, note: str) -> tuple[str, list[int]]:
         """Our own message to the model in place of tool results (as `_tool_message` renders an error alone)."""
         fmt = ep.format or self.format_for(ep.thinking)
-        text = fmt.error_text([note])
-        if ep.cut_turn:  # the turn hit max_new_tokens before its end token: close it first (not trained on)
-            text = fmt.end_token + text
+        return self._environment_text(ep, fmt.error_text([note]))
+
+    def _environment_text(self, ep: Episode, text: str) -> tuple[str, list[int]]:
+        """A message of ours or the environment's after the model's turn, as text and ids: closing that turn first
+        where it hit max_new_tokens before its end token (the end token is not trained on), made safe, tokenised."""
+        if ep.cut_turn:
+            text = (ep.format or self.format_for(ep.thinking)).end_token + text
         text = safe_text(text)
         return text, self._encode(text)
 
@@ -570,10 +565,7 @@ class AgentRunner:
         # the results as the model read them (escaped), one `tool` message each, for the episode's messages
         ep.tool_contents = [fmt.escape(c if isinstance(c, str) else str(c)) for _, c in items] + \
             [fmt.escape(e) for e in errors]
-        if ep.cut_turn:  # the turn hit max_new_tokens before its end token: close it first (not trained on)
-            text = fmt.end_token + text
-        text = safe_text(text)
-        return text, self._encode(text)
+        return self._environment_text(ep, text)
 
     # -- the record ----------------------------------------------------------------------------------------
     def _outcome(self, ep: Episode) -> dict:

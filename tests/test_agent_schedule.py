@@ -138,9 +138,9 @@ def _call(name, **args):
     return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>'
 
 
-def test_a_slow_tool_holds_back_only_its_own_episode(tiny_moe_path, tmp_path):
-    """The slow episode's tool waits for the fast episode to finish. per_episode: the fast episode's turns go on
-    while that tool runs, so the tool sees the flag (in lockstep it never would: test_lockstep_waits_...)."""
+def _slow_and_fast(tiny_moe_path, tmp_path, schedule: str):
+    """Two episodes of WAIT_ENV under `schedule`: a slow one (its tool waits for the fast one to end) and a fast one
+    (three quick calls, then submit). Returns (engine, slow trajectory, fast trajectory)."""
     from rl.models import load_tokenizer
 
     tok = load_tokenizer(tiny_moe_path)
@@ -154,11 +154,18 @@ def test_a_slow_tool_holds_back_only_its_own_episode(tiny_moe_path, tmp_path):
     scripts = {"slow": [_call("work", what="slow"), _call("submit_result", answer="a")],
                "fast": [_call("work", what="fast")] * 3 + [_call("submit_result", answer="b")]}
     engine = TurnByContextEngine(tok, scripts, flag)
-    runner = AgentRunner(engine, tok, AgentConfig(env=str(env), max_turns=6, schedule="per_episode"))
+    runner = AgentRunner(engine, tok, AgentConfig(env=str(env), max_turns=6, schedule=schedule))
     engine.base = tok.decode(runner._prompt_ids({"prompt": "x"})).count("<tool_response>")
     requests = [{"group_id": k, "domain": "agent", "prompt_ids": [], "prompt_text": "", "sample": {"id": k}}
                 for k in ("slow", "fast")]
     slow, fast = runner.run(requests, SamplingParams(n=1, max_new_tokens=64))
+    return engine, slow, fast
+
+
+def test_a_slow_tool_holds_back_only_its_own_episode(tiny_moe_path, tmp_path):
+    """The slow episode's tool waits for the fast episode to finish. per_episode: the fast episode's turns go on
+    while that tool runs, so the tool sees the flag (in lockstep it never would: test_lockstep_waits_...)."""
+    engine, slow, fast = _slow_and_fast(tiny_moe_path, tmp_path, "per_episode")
     assert slow.episode["termination"] == fast.episode["termination"] == "submitted"
     assert "flag seen" in slow.episode["transcript"]
     # the fast episode's four turns were all generated before the slow episode's second
@@ -169,24 +176,7 @@ def test_a_slow_tool_holds_back_only_its_own_episode(tiny_moe_path, tmp_path):
 def test_lockstep_waits_for_the_slowest_tool(tiny_moe_path, tmp_path):
     """The other side of the test above: in lockstep the fast episode's second turn waits for the slow tool, which
     gives up after its 20 s without seeing the flag (so this test takes that long)."""
-    from rl.models import load_tokenizer
-
-    tok = load_tokenizer(tiny_moe_path)
-    env = tmp_path / "env"
-    env.mkdir()
-    flag = tmp_path / "flag"
-    (env / "env.yaml").write_text("name: waits\ndescription: Work, then submit.\nlimits: {tool_timeout_s: 30}\n")
-    (env / "env.py").write_text(WAIT_ENV)
-    (env / "tasks.jsonl").write_text("\n".join(json.dumps(t) for t in (
-        {"id": "slow", "prompt": "task slow", "flag": str(flag)}, {"id": "fast", "prompt": "task fast"})) + "\n")
-    scripts = {"slow": [_call("work", what="slow"), _call("submit_result", answer="a")],
-               "fast": [_call("work", what="fast")] * 3 + [_call("submit_result", answer="b")]}
-    engine = TurnByContextEngine(tok, scripts, flag)
-    runner = AgentRunner(engine, tok, AgentConfig(env=str(env), max_turns=6, schedule="lockstep"))
-    engine.base = tok.decode(runner._prompt_ids({"prompt": "x"})).count("<tool_response>")
-    requests = [{"group_id": k, "domain": "agent", "prompt_ids": [], "prompt_text": "", "sample": {"id": k}}
-                for k in ("slow", "fast")]
-    slow, fast = runner.run(requests, SamplingParams(n=1, max_new_tokens=64))
+    engine, slow, _ = _slow_and_fast(tiny_moe_path, tmp_path, "lockstep")
     assert "flag not seen" in slow.episode["transcript"]
     assert engine.log.index(("slow", 1)) < engine.log.index(("fast", 3))
 

@@ -12,17 +12,8 @@ from rl.batching import minibatch_norm
 from rl.config import resolve_auto
 from rl.sft_data import ConversationDataset, load_conversations
 from rl.models import load_tokenizer
-from trainer.dist import open_store
+from test_trainer import _port
 from trainer.policy import PolicyTrainer
-
-_STORE = []
-
-
-def _port() -> int:
-    """The port of a rendezvous store that lives as long as this process (its first trainer joins through it)."""
-    if not _STORE:
-        _STORE.append(open_store())
-    return _STORE[0].port
 
 
 @pytest.fixture(scope="module")

@@ -41,9 +41,12 @@ What is matched:
 - precision: bf16 compute with float32 master weights on both (ours: bf16 model under DeepSpeed bf16, ZeRO-2, which
   keeps float32 master weights in the optimizer; TRL: float32 model with `bf16=True` autocast). `--tiny` on CPU:
   float32 on both.
-- attention: the same implementation on both: flash_attention_2 when `flash_attn` imports on a GPU, else sdpa
-  (`--attn` overrides). With sdpa, both give transformers a packed row with position ids and it builds a
-  block-diagonal mask over the whole row, the same on both.
+- attention: the same implementation on both unless `--trl-attn` says otherwise: flash_attention_2 when `flash_attn`
+  imports on a GPU, else on a GPU `varlen` (torch's own FlashAttention-2 varlen kernels, rl/attention.py; registered
+  with transformers in TRL's process too, where it reads the samples' boundaries from TRL's position ids), sdpa on
+  the CPU. With sdpa, both give transformers a packed row with position ids and it builds a block-diagonal mask over
+  the whole row; TRL's float32 model under bf16 autocast then hands sdpa float32 queries (the rotary embedding's
+  dtype), ours bf16 ones, so the two may run different sdpa kernels.
 - no gradient checkpointing on either (TRL's SFTConfig turns it on by default; ours leaves it off when memory
   suffices), no evaluation, no checkpoint while training, no torch.compile (`--compile` turns it on for both:
   ours trainer.compile=true, TRL torch_compile=True).
@@ -51,8 +54,10 @@ What is matched:
   its own way).
 What is not matched: each trainer's own optimizer implementation (ours: torch AdamW (foreach) on DeepSpeed's
 float32 partition; TRL: transformers' default for torch >= 2.8, `adamw_torch_fused`), data pipeline (ours renders
-and tokenises each step's conversations in the driver during the step, `time/data`, ~0.05 s a step on an H100 host,
-counted in its time; TRL tokenises and packs all of them before training, not counted), loss kernel (ours: the
+and tokenises the next step's conversations in the driver on a thread while this step trains; the wait for them,
+`time/data`, is counted in its time; TRL tokenises and packs all of them before training, not counted), micro-batches
+(ours: a fixed number of conversations per step, cut into as few packed rows of <= `--max-length` tokens as hold
+them; TRL: a fixed number of packed blocks, each of a varying number of conversations), loss kernel (ours: the
 chunked logprob head, which also computes the full-vocabulary entropy; TRL: its fused LM head, which computes the
 entropy and top-1 accuracy), and the rest of each one's machinery (ours: a Ray actor, DeepSpeed ZeRO-2 on one rank).
 
@@ -235,7 +240,7 @@ def ours_command(args, model_path: str, data: Path, run_dir: Path) -> list[str]:
 
 def trl_command(args, model_path: str, data: Path, run_dir: Path) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), "--trl-child", "--model-path", model_path,
-            "--data", str(data), "--run-dir", str(run_dir), "--device", args.device, "--attn", args.attn,
+            "--data", str(data), "--run-dir", str(run_dir), "--device", args.device, "--attn", args.trl_attn,
             "--n", str(args.n), "--steps", str(args.steps), "--samples-per-step", str(args.samples_per_step),
             "--max-length", str(args.max_length), "--lr", str(args.lr), "--seed", str(args.seed),
             "--accum", str(args.accum),
@@ -318,9 +323,14 @@ def trl_child(args) -> None:
         logging_steps=1, report_to="none", save_strategy="no", eval_strategy="no", disable_tqdm=True,
         dataloader_num_workers=0,
     )
+    if args.attn == "varlen":  # our attention function, registered with transformers in this process too
+        from rl.attention import register
+
+        register()
     # float32 master weights; bf16=True autocasts the compute (see the docstring: precision)
     model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=torch.float32, attn_implementation=args.attn)
     trainer = SpeedTrainer(model=model, args=cfg, train_dataset=data, processing_class=tok, callbacks=[StepLog()])
+    (run_dir / "attention.txt").write_text(trainer.model.config._attn_implementation)
     print(f"TRL: {len(trainer.train_dataset)} packed blocks, attention {trainer.model.config._attn_implementation}, "
           f"padding_free={trainer.padding_free}, completion_only_loss={trainer.completion_only_loss}, gradient "
           f"checkpointing {checkpointing(trainer.model)}, model dtype "
@@ -359,12 +369,23 @@ def ours_rows(run_dir: Path) -> list[dict]:
             for r in read_jsonl(run_dir / "metrics.jsonl")]
 
 
+def run_attention(run_dir: Path) -> str:
+    if (run_dir / "attention.txt").exists():
+        return (run_dir / "attention.txt").read_text().strip()
+    if (run_dir / "config.yaml").exists():
+        from omegaconf import OmegaConf
+
+        return str(OmegaConf.load(run_dir / "config.yaml").model.attn_implementation)
+    return "?"
+
+
 def report(results: list[dict], walls: dict[str, float]) -> str:
     f = lambda x, p=0: "-" if x is None else f"{x:,.{p}f}"  # noqa: E731
-    lines = ["| trainer | steps (timed) | conversations | loss tokens | seconds | loss tokens/s | median s/step | "
-             "final loss | run wall s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| trainer | attention | steps (timed) | conversations | loss tokens | seconds | loss tokens/s | "
+             "median s/step | final loss | run wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in results:
-        lines.append(f"| {s['name']} | {s['steps']} ({s['timed']}) | {s['sequences']:,} | {f(s['loss_tokens'])} | "
+        lines.append(f"| {s['name']} | {s.get('attention', '?')} | {s['steps']} ({s['timed']}) | {s['sequences']:,} | "
+                     f"{f(s['loss_tokens'])} | "
                      f"{f(s['seconds'], 2)} | {f(s['tok_s'])} | {f(s['step_s'], 3)} | {f(s['last'][-1], 4)} | "
                      f"{f(walls.get(s['name']))} |")
     lines.append("")
@@ -391,7 +412,10 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=None, help="tokens: cut per conversation, micro-batch budget")
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--attn", default="auto", help="auto (flash_attention_2 if flash_attn imports on GPU, else sdpa)")
+    ap.add_argument("--attn", default="auto",
+                    help="auto: flash_attention_2 if flash_attn imports on a GPU, else varlen (torch's FlashAttention-2 "
+                         "varlen kernels, rl/attention.py) on a GPU, sdpa on the CPU")
+    ap.add_argument("--trl-attn", default=None, help="TRL's attention if not --attn's (e.g. sdpa: TRL as shipped)")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile on both (ours trainer.compile, TRL torch_compile)")
     ap.add_argument("--override", nargs="*", default=[],
@@ -408,8 +432,9 @@ def main() -> None:
         if getattr(args, k) is None:
             setattr(args, k, v)
     if args.attn == "auto":
-        args.attn = ("flash_attention_2" if args.device == "cuda" and importlib.util.find_spec("flash_attn")
-                     else "sdpa")
+        args.attn = ("sdpa" if args.device != "cuda" else
+                     "flash_attention_2" if importlib.util.find_spec("flash_attn") else "varlen")
+    args.trl_attn = args.trl_attn or args.attn
     if args.trl_child:
         trl_child(args)
         return
@@ -445,6 +470,8 @@ def main() -> None:
             print(f"{name}: {walls[name]:.0f} s wall (start-up, steps, shutdown), exit code {rc}", flush=True)
     results = [s for s in (summarize("ours", ours_rows(out / "ours"), args.warmup),
                            summarize("trl", read_jsonl(out / "trl" / "steps.jsonl"), args.warmup)) if s]
+    for s in results:  # which attention each ran (ours: its config; TRL: what its model reported)
+        s["attention"] = run_attention(out / s["name"])
     print(report(results, walls))
 
 

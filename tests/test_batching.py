@@ -44,4 +44,13 @@ def test_micro_batch_count_is_the_fewest_under_the_token_budget():
         fits = lambda k: max(micro_batch_tokens(p, layout == "packed") for p in micro_batches(trajs, k, layout)) <= budget  # noqa: E731
         assert (fits(n) or n == len(trajs)) and (n == 1 or not fits(n - 1)), (layout, budget, n)
     assert micro_batch_count(trajs, 10**6, "padded") == 1
+    # packed within a budget: as few micro-batches as the tokens fill, where near-equal totals would need one more
+    tight = [Trajectory(uid=str(i), group_id="g", domain="d", prompt_ids=[1], response_ids=[2] * (n - 1),
+                        inference_logprobs=[0.0] * (n - 1)) for i, n in enumerate([6, 4, 4, 3, 3])]
+    balanced = micro_batches(tight, 2, "packed")  # longest first onto the lightest: 9 and 11 tokens
+    assert max(micro_batch_tokens(p, True) for p in balanced) == 11
+    filled = micro_batches(tight, 2, "packed", max_tokens=10)
+    assert sorted(micro_batch_tokens(p, True) for p in filled) == [10, 10]
+    assert sorted(t.uid for p in filled for t in p) == [t.uid for t in tight]
+    assert micro_batch_count(tight, 10, "packed") == 2
     assert micro_batch_count(trajs, 10, "padded") == len(trajs)  # nothing fits: one sample per micro-batch

@@ -45,13 +45,14 @@ def _run(model, trajs, packed: bool, replay: bool):
     return out, grads, rp
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "varlen"])
 @pytest.mark.parametrize("family", ["tiny_dense_path", "tiny_moe_path"])
-def test_packed_batch_equals_the_padded_one(family, request):
+def test_packed_batch_equals_the_padded_one(family, attn, request):
     path = request.getfixturevalue(family)
     moe = family == "tiny_moe_path"
     trajs = _samples(path, record_routes=moe)
     # float64 for the dense model; the MoE's grouped expert matmul runs in float32 only
-    model = load_causal_lm(path, "float32", "sdpa").train()
+    model = load_causal_lm(path, "float32", attn).train()
     model = model if moe else model.double()
     tol = 1e-5 if moe else 1e-10
     padded, g_pad, rp_pad = _run(model, trajs, packed=False, replay=moe)
@@ -66,13 +67,14 @@ def test_packed_batch_equals_the_padded_one(family, request):
         assert rp_pack.total_count == rp_pad.total_count > 0 and rp_pack.mismatch_count == rp_pad.mismatch_count
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "varlen"])
 @pytest.mark.parametrize("family", ["tiny_dense_path", "tiny_moe_path"])
-def test_right_padded_rows_need_no_padding_mask(family, request):
+def test_right_padded_rows_need_no_padding_mask(family, attn, request):
     """The padded batch is run without an attention mask (causal model, right padding): each sample's logprobs and
     entropies are the ones it gets alone in a batch of one, where there is no padding at all."""
     trajs = _samples(request.getfixturevalue(family), record_routes=False)
     moe = family == "tiny_moe_path"
-    model = load_causal_lm(request.getfixturevalue(family), "float32", "sdpa").eval()
+    model = load_causal_lm(request.getfixturevalue(family), "float32", attn).eval()
     model, tol = (model, 1e-5) if moe else (model.double(), 1e-10)
     seen = []
     hook = model.get_decoder().register_forward_pre_hook(lambda _m, _a, kw: seen.append(kw.get("attention_mask")),
@@ -94,6 +96,65 @@ def test_without_position_ids_samples_would_see_each_other(tiny_dense_path):
     batch.position_ids = torch.arange(batch.input_ids.shape[1])[None]
     leaky = forward_logprobs(model, batch, temperature=1.0)
     assert (leaky.logprobs - padded.logprobs).abs().max() > 1e-3
+
+
+def test_varlen_attention_takes_the_batch_boundaries(tiny_dense_path, monkeypatch):
+    """`model.attn_implementation=varlen` attends within the samples the batch's `cu_seqlens` name (built on the host
+    by collate), not ones read back from the position ids: moving one boundary changes the logprobs, and the
+    position-id fallback is never called."""
+    from rl import attention
+
+    trajs = _samples(tiny_dense_path, record_routes=False)
+    model = load_causal_lm(tiny_dense_path, "float32", "varlen").double().eval()
+    assert model.config._attn_implementation == "varlen"
+    monkeypatch.setattr(attention, "_boundaries_from_positions", lambda *_: pytest.fail("boundaries read back"))
+    batch = collate(trajs, pad_id=0, packed=True)
+    assert batch.cu_seqlens.tolist() == [0, *np.cumsum([t.num_tokens for t in trajs])]
+    assert batch.max_seqlen == max(t.num_tokens for t in trajs)
+    padded = forward_logprobs(model, collate(trajs, pad_id=0), temperature=1.0)
+    exact = forward_logprobs(model, batch, temperature=1.0)
+    torch.testing.assert_close(exact.logprobs, padded.logprobs, rtol=0, atol=1e-10)
+    batch.cu_seqlens = batch.cu_seqlens.clone()
+    batch.cu_seqlens[2] += 1  # the third sample's first token now belongs to the second
+    moved = forward_logprobs(model, batch, temperature=1.0)
+    assert (moved.logprobs - padded.logprobs).abs().max() > 1e-3
+
+
+def test_varlen_attention_reads_boundaries_from_position_ids(tiny_dense_path):
+    """Called as TRL's padding-free collator calls a model (a packed row and its position ids, no boundaries), varlen
+    attention finds the samples from the positions: the hidden states are each sample's own."""
+    model = load_causal_lm(tiny_dense_path, "float32", "varlen").double().eval()
+    ids = [torch.randint(3, 100, (n,)) for n in (5, 9, 3)]
+    packed = torch.cat(ids)[None]
+    positions = torch.cat([torch.arange(len(x)) for x in ids])[None]
+    with torch.no_grad():
+        together = model.model(input_ids=packed, position_ids=positions, use_cache=False).last_hidden_state[0]
+        alone = torch.cat([model.model(input_ids=x[None], use_cache=False).last_hidden_state[0] for x in ids])
+        torch.testing.assert_close(together, alone, rtol=0, atol=1e-10)
+        leaky = model.model(input_ids=packed, use_cache=False).last_hidden_state[0]  # no positions: one sample
+    assert (leaky - alone).abs().max() > 1e-3
+
+
+def test_varlen_attention_refuses_what_it_does_not_compute():
+    """A padding mask, a sliding window or a non-causal module get a clear error instead of a wrong answer."""
+    from rl.attention import varlen_attention_forward
+
+    q = torch.randn(2, 4, 6, 8)
+    kv = torch.randn(2, 2, 6, 8)
+    module = torch.nn.Module()
+    module.is_causal = True
+    out, _ = varlen_attention_forward(module, q, kv, kv, None)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, ref.transpose(1, 2))
+    with pytest.raises(ValueError, match="attention mask"):
+        varlen_attention_forward(module, q, kv, kv, torch.ones(2, 1, 6, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match="sliding_window=4"):
+        varlen_attention_forward(module, q, kv, kv, None, sliding_window=4)
+    with pytest.raises(ValueError, match="one packed row"):
+        varlen_attention_forward(module, q, kv, kv, None, cu_seq_lens_q=torch.tensor([0, 6, 12]), max_length_q=6)
+    module.is_causal = False
+    with pytest.raises(ValueError, match="causal only"):
+        varlen_attention_forward(module, q, kv, kv, None)
 
 
 def test_micro_batches_by_length_cut_padding():

@@ -182,18 +182,19 @@ def hand_back(device, missing: int) -> None:
 
 def auto_micro_batch_counts(batches: list[list], layout: str, device, model_config, dtype: str,
                             head: dict, memory_share: float, forward_only: bool = False,
-                            max_tokens: int | None = None) -> list[int]:
+                            max_tokens: int | None = None) -> tuple[list[int], int | None]:
     """trainer.micro_batch_size=auto: for each batch the fewest micro-batches (`rl.batching.micro_batch_count`)
     whose activations (rl/memory.py; `forward_only`: of a forward without autograd, the reference's) fit
     `memory_share` (trainer.micro_batch_memory) of the GPU memory free now (a colocated vLLM is asleep);
     AUTO_MICRO_BATCH_CPU samples each on CPU. `max_tokens` (trainer.micro_batch_tokens): a fixed token budget per
-    micro-batch instead (packed: its total tokens; padded: rows x the longest), on any device."""
+    micro-batch instead (packed: its total tokens; padded: rows x the longest), on any device. Also returns the
+    token budget the counts were cut by (None on the CPU without one), for `micro_batches(..., max_tokens=)`."""
     if max_tokens:
-        return [micro_batch_count(b, int(max_tokens), layout) for b in batches]
+        return [micro_batch_count(b, int(max_tokens), layout) for b in batches], int(max_tokens)
     free = free_memory_bytes(device)
     if free is None:
-        return [-(-len(b) // AUTO_MICRO_BATCH_CPU) for b in batches]
+        return [-(-len(b) // AUTO_MICRO_BATCH_CPU) for b in batches], None
     dtype_bytes = torch_dtype(dtype).itemsize
     budget = max_tokens_within(model_config, memory_share * free, dtype_bytes, int(head["chunk_size"]),
                                head_logit_bytes(head, dtype_bytes), forward_only)
-    return [micro_batch_count(b, budget, layout) for b in batches]
+    return [micro_batch_count(b, budget, layout) for b in batches], budget

@@ -143,8 +143,11 @@ def forward_logprobs(
     compiled (`trainer.compile`): the dense head's softmax statistics and logit gradient fused by torch.compile."""
     body, head = split_head(model)
     if batch.position_ids is not None:  # packed: attention stays within each sample (see TrainBatch); transformers
-        # detects the packing only without a KV cache (use_cache=False)
-        hidden = body(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).last_hidden_state
+        # detects the packing only without a KV cache (use_cache=False). The boundaries are for varlen kernels
+        # (FlashAttentionKwargs; sdpa and eager ignore them)
+        hidden = body(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
+                      cu_seq_lens_q=batch.cu_seqlens, cu_seq_lens_k=batch.cu_seqlens,
+                      max_length_q=batch.max_seqlen, max_length_k=batch.max_seqlen).last_hidden_state
     else:
         # No padding mask: rows are right-padded and the model is causal, so every scored position sees real tokens
         # only, with or without one; none is built (on the 0.6B benchmark this measured the same speed either way).

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from rl.batching import micro_batches
-from rl.config import (flash_attention, head_options, logprob_temperature, micro_batch_memory, pack_sequences,
-                       rollout_placement)
+from rl.config import (head_options, logprob_temperature, micro_batch_memory, pack_sequences, rollout_placement,
+                       varlen_attention)
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
 from trainer.dist import auto_micro_batch_counts, pick_device, release_cached_memory
@@ -46,9 +46,9 @@ class FrozenModel:
         self.packed = pack_sequences(cfg)
         self.head = head_options(cfg)
         self.colocated = rollout_placement(cfg["rollout"]) == "colocated"  # vLLM wakes up after us
-        # Packed rows without flash-attention get a block-diagonal mask over their whole length (memory grows with its
+        # Packed rows without varlen attention get a block-diagonal mask over their whole length (memory grows with its
         # square, which the estimate does not count): then the forwards are sized like the trainer's micro-batches
-        self.forward_only_estimate = not self.packed or flash_attention(cfg)
+        self.forward_only_estimate = not self.packed or varlen_attention(cfg)
 
     def ready(self) -> bool:
         return True
@@ -84,6 +84,7 @@ class FrozenModel:
         size = self.cfg["trainer"]["micro_batch_size"]
         if str(size) != "auto":
             return micro_batches(trajs, -(-len(trajs) // int(size)), layout)
-        (n,) = auto_micro_batch_counts([trajs], layout, self.device, self.model.config, self.cfg["model"]["dtype"],
-                                       self.head, micro_batch_memory(self.cfg), self.forward_only_estimate)
-        return micro_batches(trajs, n, layout)
+        (n,), budget = auto_micro_batch_counts([trajs], layout, self.device, self.model.config,
+                                               self.cfg["model"]["dtype"], self.head, micro_batch_memory(self.cfg),
+                                               self.forward_only_estimate)
+        return micro_batches(trajs, n, layout, budget)

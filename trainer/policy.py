@@ -250,15 +250,15 @@ class PolicyTrainer:
         """trainer.micro_batch_size=auto: each mini-batch in as few micro-batches as the free GPU memory allows
         (`trainer.dist.auto_micro_batch_counts`), or as trainer.micro_batch_tokens allows when set. Every rank runs the same count (the largest any rank needs: ZeRO
         reduces gradients every micro-step)."""
-        counts = auto_micro_batch_counts(minibatches, layout, self.engine.device, self.model.config,
-                                         self.cfg["model"]["dtype"], self.head,
-                                         micro_batch_memory(self.cfg), max_tokens=self.micro_tokens)
+        counts, budget = auto_micro_batch_counts(minibatches, layout, self.engine.device, self.model.config,
+                                                 self.cfg["model"]["dtype"], self.head, micro_batch_memory(self.cfg),
+                                                 max_tokens=self.micro_tokens)
         if self.world_size > 1:
             n = torch.tensor(counts + [-len(t) for t in minibatches], device=self.engine.device, dtype=torch.long)
             torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
             k = len(minibatches)  # as many as any rank needs, but no more than the smallest share has samples
             counts = [min(int(a), -int(b)) for a, b in zip(n[:k].tolist(), n[k:].tolist())]
-        return [micro_batches(trajs, n, layout) for trajs, n in zip(minibatches, counts)]
+        return [micro_batches(trajs, n, layout, budget) for trajs, n in zip(minibatches, counts)]
 
     def _auto_checkpointing(self, plan: list[list[list[Trajectory]]]) -> None:
         """trainer.gradient_checkpointing=auto: on for this step only when the largest micro-batch's activations

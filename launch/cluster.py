@@ -28,6 +28,7 @@ from rewards.judge import uses_rubric_judge
 from rewards.worker import RewardWorker
 from rl.batching import minibatch_norm, split_even
 from rl.config import engines_per_gpu, is_split_vllm_on_gpu_shares, needs_reference
+from rl.engine_specs import engine_spec, placement_spec
 from rl.trajectory import Trajectory
 from rollout.judge_worker import JudgeWorker
 from rollout.worker import RolloutWorker
@@ -300,7 +301,7 @@ class Cluster:
             timeout_s=r.get("timeout_s"),
             start_waves=engines_per_gpu(cfg),
         )
-        if r["engine"] != "hf" and not trainers_first:
+        if placement_spec(r).gpu_memory and not trainers_first:
             self.rollout.wait_ready()  # vLLM profiles GPU memory at start: start it before the trainers allocate
         if uses_rubric_judge(cfg["domains"]):  # one rubric-judge actor for the run, shared by the reward workers
             jc = rw["judge"]
@@ -325,7 +326,7 @@ class Cluster:
         if self.reference is not None:
             ray.get(self.reference.ready.remote())
         ray.get([a.ready.remote() for a in self.teachers.values()])
-        if ray.get(self.rollout.actors[0].engine_name.remote()) == "vllm":
+        if engine_spec(ray.get(self.rollout.actors[0].engine_name.remote())).weight_sync == "vllm":
             from launch.weight_sync import VLLMWeightSync
 
             self._weight_sync = VLLMWeightSync(cfg, self.rollout.actors, self.trainers)

@@ -8,11 +8,11 @@ parameters, GPU shares, the model) is checked at start by `launch/config.py`, wh
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Mapping
 from typing import Any
 
+from rl.engine_specs import AUTO, engine_names, installed, placement_spec
 from rl.losses import AGGREGATIONS
 
 
@@ -23,7 +23,6 @@ class ConfigError(ValueError):
 DOMAIN_KEYS = {"weight", "dataset", "eval_dataset", "kl_coef", "opsm_delta", "rewards", "agent", "teacher", "distill_coef", "reward_coef",
                "thinking"}
 DATASET_KEYS = {"path", "name", "split", "columns", "system_prompt", "data_files", "where"}
-ENGINES = {"hf", "vllm", "auto"}
 AUTO_BOOL = {"auto", True, False}
 LOGGER_MODES = {"auto", "online", "offline", "disabled"}
 
@@ -164,7 +163,7 @@ def validate(cfg: Mapping) -> None:
     if check_number(r, "n_samples", "rollout", lo=1, integer=True) < 2 and not dataset:
         raise ConfigError("rollout.n_samples must be >= 2 for GRPO: the advantage is a sample's reward minus its "
                           "group's mean, so a group of one sample always has advantage 0 and nothing is learned")
-    check_choice(r, "engine", "rollout", ENGINES)
+    check_choice(r, "engine", "rollout", engine_names())
     if "capture" in r:
         check_choice(r, "capture", "rollout", {"sampler", "logprobs"})
     if check_number(r, "temperature", "rollout", lo=0) and r["temperature"] < 1e-5:
@@ -261,16 +260,17 @@ def rollout_placement(rcfg: Mapping) -> str:
 
 
 def is_colocated_vllm(cfg: Mapping) -> bool:
-    """vLLM (or auto) rollouts that share their GPUs with the trainer ranks."""
+    """vLLM (or auto) rollouts that share their GPUs with the trainer ranks: any engine that holds a share of its
+    GPU's memory (rl/engine_specs.py, `gpu_memory`)."""
     r = cfg["rollout"]
-    return r["engine"] != "hf" and rollout_placement(r) == "colocated" and float(r.get("num_gpus") or 0) > 0
+    return placement_spec(r).gpu_memory and rollout_placement(r) == "colocated" and float(r.get("num_gpus") or 0) > 0
 
 
 def is_split_vllm_on_gpu_shares(cfg: Mapping) -> bool:
     """vLLM (or auto) rollouts on GPUs of their own (split placement) whose workers each take a share of a GPU
     (0 < rollout.num_gpus < 1): several instances per rollout GPU."""
     r = cfg["rollout"]
-    return r["engine"] != "hf" and rollout_placement(r) == "split" and 0 < float(r.get("num_gpus") or 0) < 1
+    return placement_spec(r).gpu_memory and rollout_placement(r) == "split" and 0 < float(r.get("num_gpus") or 0) < 1
 
 
 def engines_per_gpu(cfg: Mapping) -> int:
@@ -292,10 +292,10 @@ def engine_memory_share(rcfg: Mapping, engines: int = 1) -> float | None:
     wake up (`rollout.gpu_memory_utilization` each); 0.0 when they never sleep (`rollout.enable_sleep_mode: false`:
     their memory stays taken, so they need no room to wake up into); None for the transformers engine, whose memory
     use is not bounded ahead."""
-    engine = str(rcfg.get("engine"))
-    if engine == "hf" or rcfg.get("gpu_memory_utilization") is None:
+    spec = placement_spec(rcfg)
+    if not spec.gpu_memory or rcfg.get("gpu_memory_utilization") is None:
         return None
-    if engine == "auto" and importlib.util.find_spec("vllm") is None:  # auto falls back to the transformers engine
+    if str(rcfg.get("engine")) == AUTO and not installed(spec):  # auto falls back to the transformers engine
         return None
     if not rcfg.get("enable_sleep_mode", False):
         return 0.0

@@ -1,18 +1,63 @@
 """The rollout engines behind one interface, and how the config picks and builds one.
 
 `rollout.engine`: hf (the transformers engine, `rollout/hf_engine.py`: CPU default, any device) | vllm
-(`rollout/vllm_engine.py`, GPU) | auto (vLLM when CUDA and vllm are importable, else hf). Both take token ids and
-`rollout.sampling.SamplingParams` and return `rollout.sampling.Generation`s; the rollout workers and the rubric
-judge's model both build theirs here.
+(`rollout/vllm_engine.py`, GPU) | auto (vLLM when CUDA and vllm are importable, else hf). Every engine takes token
+ids and `rollout.sampling.SamplingParams` and returns `rollout.sampling.Generation`s (`Engine`); one whose weights
+arrive through vLLM's weight-transfer API also meets `GPUEngine`. Which engines exist, and the placement and weight
+sync each gets, is `rl/engine_specs.py`: a new engine is its own file with a `build` function plus one entry there.
+The rollout workers and the rubric judge's model both build theirs here (`make_engine`), which checks the contract.
 """
 
 from __future__ import annotations
 
-import torch
+from typing import Any, Protocol, runtime_checkable
 
-from rl.attention import generation_attention
-from rl.config import rollout_placement
-from rollout.sampling import SamplingParams
+from rl.engine_specs import engine_spec, load, resolve_engine
+from rollout.sampling import Generation, SamplingParams
+
+__all__ = ["Engine", "GPUEngine", "check_engine", "make_engine", "resolve_engine", "sampling_params"]
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the rollout worker, the agent loop and the judge call on every engine."""
+
+    tokenizer: Any
+
+    def generate(self, prompts: list[list[int]], sp: SamplingParams, *, on_samples_done=None,
+                 seeds: list[int] | None = None) -> list[list[Generation]]:
+        """`sp.n` samples of every prompt, grouped per prompt; `on_samples_done([(prompt index, samples)])` as
+        samples finish (the worker scores them meanwhile); `seeds`: one per prompt (per-request seeding)."""
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Whole new weights (weight_sync "state_dict"; also a restarted worker's first weights)."""
+
+
+@runtime_checkable
+class GPUEngine(Engine, Protocol):
+    """An engine on weight_sync "vllm": sleep mode and vLLM's weight-transfer calls (launch/weight_sync.py)."""
+
+    def sleep(self, level: int) -> None: ...
+    def wake_up(self, tags: list[str] | None = None) -> None: ...
+    def init_weight_transfer_engine(self, request: dict) -> None: ...
+    def start_weight_update(self) -> None: ...
+    def update_weights(self, request: dict) -> None: ...
+    def finish_weight_update(self) -> None: ...
+    def reset_prefix_cache(self) -> None: ...
+
+
+CONTRACTS = {"state_dict": Engine, "vllm": GPUEngine}
+
+
+def check_engine(engine_or_class, weight_sync: str) -> None:
+    """Raise if an engine (or its class) lacks a method its weight sync calls: at start, not at the first sync."""
+    contract = CONTRACTS[weight_sync]
+    names = [n for n in dir(contract) if not n.startswith("_") and callable(getattr(contract, n, None))]
+    missing = [n for n in names if not callable(getattr(engine_or_class, n, None))]
+    if missing:
+        what = getattr(engine_or_class, "__name__", type(engine_or_class).__name__)
+        raise TypeError(f"engine {what} does not meet {contract.__name__} (weight_sync={weight_sync!r}): missing "
+                        f"{', '.join(missing)}")
 
 
 def sampling_params(rcfg: dict, seed: int, record_kept_set: bool = True) -> SamplingParams:
@@ -29,53 +74,10 @@ def sampling_params(rcfg: dict, seed: int, record_kept_set: bool = True) -> Samp
     )
 
 
-def resolve_engine(rcfg: dict) -> str:
-    """`rollout.engine`: hf | vllm | auto (vLLM when CUDA and vllm are importable, else hf)."""
-    engine = rcfg["engine"]
-    if engine == "auto":
-        from rollout.vllm_engine import vllm_available
-
-        return "vllm" if vllm_available() else "hf"
-    return engine
-
-
 def make_engine(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, seed: int = 0):
-    """An engine for `model_path` from the rollout (`rcfg`) and model (`model_cfg`) config sections."""
-    engine = resolve_engine(rcfg)
-    if engine == "vllm":
-        from rollout.vllm_engine import VLLMEngine, default_num_logprobs
-
-        k = rcfg.get("logprobs")
-        return VLLMEngine(
-            model_path,
-            dtype=model_cfg["dtype"],
-            tensor_parallel_size=int(rcfg.get("tensor_parallel_size", 1)),
-            gpu_memory_utilization=float(rcfg.get("gpu_memory_utilization", 0.4)),
-            enable_sleep_mode=bool(rcfg.get("enable_sleep_mode", False)),
-            max_logprobs=int(k) if k else default_num_logprobs(int(rcfg["top_k"])),
-            record_routes=record_routes,
-            weight_transfer_backend="ipc" if rollout_placement(rcfg) == "colocated" else "nccl",
-            max_model_len=rcfg.get("max_model_len"),
-            enforce_eager=bool(rcfg.get("enforce_eager", False)),
-            seed=seed,
-            per_request_seed=bool(rcfg.get("per_request_seed", False)),
-            capture=str(rcfg.get("capture", "sampler")),
-            extra_args=dict(rcfg.get("engine_args") or {}),
-            kept_set_buffer_mb=float(rcfg.get("kept_set_buffer_mb") or 256),
-            fp32_lm_head=bool(model_cfg.get("fp32_lm_head", False)),
-        )
-    if engine == "hf":
-        from rollout.hf_engine import HFEngine
-
-        device = rcfg["device"]
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        return HFEngine(
-            model_path,
-            dtype=model_cfg["dtype"],
-            device=device,
-            attn_implementation=generation_attention(model_cfg.get("attn_implementation")),
-            record_routes=record_routes,
-            max_batch_size=int(rcfg["max_batch_size"]),
-        )
-    raise ValueError(f"rollout.engine={engine!r}: unknown engine (available: hf, vllm, auto)")
+    """An engine for `model_path` from the rollout (`rcfg`) and model (`model_cfg`) config sections, built by its
+    registered `build` (rl/engine_specs.py) and checked against the contract of its weight sync."""
+    spec = engine_spec(resolve_engine(rcfg))
+    engine = load(spec.build)(rcfg, model_cfg, model_path, record_routes=record_routes, seed=seed)
+    check_engine(engine, spec.weight_sync)
+    return engine

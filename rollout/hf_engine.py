@@ -15,6 +15,7 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
+from rl.attention import generation_attention
 from rl.models import load_causal_lm, load_tokenizer
 from rollout.sampling import Generation, SamplingParams, eos_token_ids, process_logits
 
@@ -211,3 +212,14 @@ class HFEngine:
             logp = torch.log_softmax(logits.float(), dim=-1)[:, torch.tensor(token_ids, device=self.device)]
             out.append(logp.cpu().numpy())
         return np.concatenate(out, axis=0)
+
+
+def build(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, seed: int = 0) -> HFEngine:
+    """`rollout.engine=hf` (rl/engine_specs.py): on `rollout.device` (auto: CUDA when there is one). Generation runs
+    the model's attention unless that serves training rows only (varlen: sdpa)."""
+    device = rcfg["device"]
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return HFEngine(model_path, dtype=model_cfg["dtype"], device=device,
+                    attn_implementation=generation_attention(model_cfg.get("attn_implementation")),
+                    record_routes=record_routes, max_batch_size=int(rcfg["max_batch_size"]))

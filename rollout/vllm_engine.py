@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rl.config import rollout_placement
 from rl.models import load_tokenizer, to_checkpoint_format
 from rollout.sampling import Generation, SamplingParams, eos_token_ids
 
@@ -571,3 +572,27 @@ def _watch_steps(engine, prompts: list[list[int]], per_request: int, on_samples_
             engine.step = step
         else:
             del engine.step
+
+
+def build(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, seed: int = 0) -> VLLMEngine:
+    """`rollout.engine=vllm` (rl/engine_specs.py): the rollout keys of the config, CUDA IPC weight transfer when
+    colocated with the trainer, NCCL when split."""
+    k = rcfg.get("logprobs")
+    return VLLMEngine(
+        model_path,
+        dtype=model_cfg["dtype"],
+        tensor_parallel_size=int(rcfg.get("tensor_parallel_size", 1)),
+        gpu_memory_utilization=float(rcfg.get("gpu_memory_utilization", 0.4)),
+        enable_sleep_mode=bool(rcfg.get("enable_sleep_mode", False)),
+        max_logprobs=int(k) if k else default_num_logprobs(int(rcfg["top_k"])),
+        record_routes=record_routes,
+        weight_transfer_backend="ipc" if rollout_placement(rcfg) == "colocated" else "nccl",
+        max_model_len=rcfg.get("max_model_len"),
+        enforce_eager=bool(rcfg.get("enforce_eager", False)),
+        seed=seed,
+        per_request_seed=bool(rcfg.get("per_request_seed", False)),
+        capture=str(rcfg.get("capture", "sampler")),
+        extra_args=dict(rcfg.get("engine_args") or {}),
+        kept_set_buffer_mb=float(rcfg.get("kept_set_buffer_mb") or 256),
+        fp32_lm_head=bool(model_cfg.get("fp32_lm_head", False)),
+    )

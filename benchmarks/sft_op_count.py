@@ -205,7 +205,9 @@ def build_cfg(model_path: str, samples: int, tokens: int, dtype: str, overrides:
     from launch.config import compose
     from rl.config import resolve_auto
 
+    # sdpa on both sides: on the CPU varlen (the experiment's attention) runs its masked stand-in, not its kernels
     cfg = compose(["+experiment=sft", f"model.path={model_path}", f"model.dtype={dtype}", "trainer.device=cpu",
+                   "model.attn_implementation=sdpa",
                    "trainer.micro_batch_size=auto", f"trainer.micro_batch_tokens={tokens}",
                    "trainer.pack_sequences=true", "trainer.mini_batches=1", f"algorithm.samples_per_step={samples}",
                    "trainer.lr=1e-4", *overrides])

@@ -199,6 +199,7 @@ class DatasetSource:
             self.next.result()
             self.next = None
         self.data.load_state_dict(state)
+        self.drawn = None
 
 
 def held_out_prompts(ev: dict, domains: dict, tokenizer, data: dict) -> EvalPrompts | None:

@@ -77,6 +77,13 @@ def _best_fit(order: list[int], size: list[int], n: int, capacity: int) -> list[
         b = min(fits, key=lambda k: room[k])
         bins[b].append(i)
         room[b] -= size[i]
+    # still n micro-batches where there are n samples (every rank runs the count the ranks agreed on): a sample of
+    # the fullest bin moves into each empty one, which has all its room
+    for empty in [k for k in range(n) if not bins[k]]:
+        donor = max((k for k in range(n) if len(bins[k]) > 1), key=lambda k: len(bins[k]), default=None)
+        if donor is None:
+            break
+        bins[empty].append(bins[donor].pop())
     return bins
 
 

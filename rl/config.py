@@ -260,8 +260,8 @@ def rollout_placement(rcfg: Mapping) -> str:
 
 
 def is_colocated_vllm(cfg: Mapping) -> bool:
-    """vLLM (or auto) rollouts that share their GPUs with the trainer ranks: any engine that holds a share of its
-    GPU's memory (rl/engine_specs.py, `gpu_memory`)."""
+    """Rollouts that share their GPUs with the trainer ranks: an engine that holds a share of its GPU's memory
+    (rl/engine_specs.py, `gpu_memory`: vLLM, and auto, which plans as vLLM)."""
     r = cfg["rollout"]
     return placement_spec(r).gpu_memory and rollout_placement(r) == "colocated" and float(r.get("num_gpus") or 0) > 0
 
@@ -325,9 +325,13 @@ def resolve_auto(cfg: dict, is_moe: bool) -> dict:
 
 def varlen_attention(cfg: Mapping) -> bool:
     """`model.attn_implementation` runs packed rows through variable-length kernels, no mask: flash-attention's
-    (flash_attention_*) or torch's own (varlen, rl/attention.py)."""
+    (flash_attention_*) or torch's own (varlen, rl/attention.py: in a 16-bit model.dtype; a float32 one runs the
+    masked stand-in)."""
     name = str(cfg["model"].get("attn_implementation") or "")
-    return name.startswith("flash_attention") or name == "varlen"
+    return name.startswith("flash_attention") or (name == "varlen" and cfg["model"].get("dtype") in HALF_DTYPES)
+
+
+HALF_DTYPES = ("bfloat16", "float16")
 
 
 def pack_sequences(cfg: Mapping) -> bool:

@@ -13,7 +13,8 @@ another one's placement or weight sync by its name:
 - `available`: "module:function" -> bool, whether it can run here (for `rollout.engine=auto`, which takes the first
   available engine of AUTO_ORDER); `requires`: the package it imports, looked up without importing it (a process
   that sizes memory around an `auto` engine, without starting CUDA).
-This module names no engine code (rl/ sits below rollout/): the strings are imported where an engine is built.
+This module imports no engine code (rl/ sits below rollout/): the strings are resolved in rollout/engines.py, which
+builds engines and resolves `auto`.
 """
 
 from __future__ import annotations
@@ -68,19 +69,6 @@ def engine_spec(name: str) -> EngineSpec:
     if name not in ENGINES:
         raise ValueError(f"rollout.engine={name!r}: unknown engine (available: {', '.join(sorted(engine_names()))})")
     return ENGINES[name]
-
-
-def resolve_engine(rcfg: Mapping) -> str:
-    """`rollout.engine` with auto resolved here: the first available engine of AUTO_ORDER."""
-    name = str(rcfg["engine"])
-    if name != AUTO:
-        engine_spec(name)
-        return name
-    for candidate in AUTO_ORDER:
-        spec = ENGINES[candidate]
-        if spec.available is None or load(spec.available)():
-            return candidate
-    raise ValueError(f"rollout.engine=auto: none of {AUTO_ORDER} is available")
 
 
 def installed(spec: EngineSpec) -> bool:

@@ -138,7 +138,7 @@ KEYS: list[tuple[str, str, str]] = [
     ("sft/epoch", "SFT", "epochs of the dataset drawn so far (fractional)"),
     ("sft/truncated", "SFT", "conversations cut at algorithm.max_tokens so far"),
     ("time/data", "SFT", "seconds waiting for the step's conversations (drawn, rendered and tokenised on a thread "
-                         "while the previous step trained; step 1 draws its own)"),
+                         "while the previous step trained; a run's first step draws its own)"),
     ("distill/reverse_kl", DISTILL, "mean over the loss tokens of the domains with a teacher of log pi_old - log "
      "pi_teacher: the sampled estimate of KL(student || teacher) per token (null when the step drew none of them)"),
     ("distill/<d>/reverse_kl", DISTILL, "the same for one domain (null for a domain without a teacher or without "

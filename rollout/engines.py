@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from rl.engine_specs import engine_spec, load, resolve_engine
+from rl.engine_specs import AUTO, AUTO_ORDER, ENGINES, engine_spec, load
 from rollout.sampling import Generation, SamplingParams
 
 __all__ = ["Engine", "GPUEngine", "check_engine", "make_engine", "resolve_engine", "sampling_params"]
@@ -58,6 +58,19 @@ def check_engine(engine_or_class, weight_sync: str) -> None:
         what = getattr(engine_or_class, "__name__", type(engine_or_class).__name__)
         raise TypeError(f"engine {what} does not meet {contract.__name__} (weight_sync={weight_sync!r}): missing "
                         f"{', '.join(missing)}")
+
+
+def resolve_engine(rcfg: dict) -> str:
+    """`rollout.engine` with auto resolved here: the first available engine of AUTO_ORDER (rl/engine_specs.py)."""
+    name = str(rcfg["engine"])
+    if name != AUTO:
+        engine_spec(name)
+        return name
+    for candidate in AUTO_ORDER:
+        spec = ENGINES[candidate]
+        if spec.available is None or load(spec.available)():
+            return candidate
+    raise ValueError(f"rollout.engine=auto: none of {AUTO_ORDER} is available")
 
 
 def sampling_params(rcfg: dict, seed: int, record_kept_set: bool = True) -> SamplingParams:

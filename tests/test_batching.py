@@ -53,4 +53,7 @@ def test_micro_batch_count_is_the_fewest_under_the_token_budget():
     assert sorted(micro_batch_tokens(p, True) for p in filled) == [10, 10]
     assert sorted(t.uid for p in filled for t in p) == [t.uid for t in tight]
     assert micro_batch_count(tight, 10, "packed") == 2
+    from rl.batching import _best_fit
+
+    assert _best_fit([0, 1], [5, 5], 2, 10) == [[0], [1]]  # as many micro-batches as asked, none left empty
     assert micro_batch_count(trajs, 10, "padded") == len(trajs)  # nothing fits: one sample per micro-batch

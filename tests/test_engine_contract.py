@@ -7,7 +7,7 @@ import pytest
 from rl import engine_specs
 from rl.config import ConfigError, engine_memory_share, is_colocated_vllm, is_split_vllm_on_gpu_shares
 from rl.engine_specs import ENGINES, EngineSpec, load
-from rollout.engines import Engine, check_engine, make_engine
+from rollout.engines import Engine, check_engine, make_engine, resolve_engine
 
 
 @pytest.mark.parametrize("name", sorted(ENGINES))
@@ -96,16 +96,16 @@ def test_the_config_names_registered_engines_only(monkeypatch):
     _register(monkeypatch)
     check_choice({"engine": "toy"}, "engine", "rollout", engine_specs.engine_names())
     with pytest.raises(ValueError, match="unknown engine"):
-        engine_specs.resolve_engine({"engine": "nope"})
+        resolve_engine({"engine": "nope"})
 
 
 def test_auto_takes_the_first_available_engine(monkeypatch):
     monkeypatch.setitem(ENGINES, "vllm", EngineSpec("vllm", build="rollout.vllm_engine:build", gpu_memory=True,
                                                     weight_sync="vllm", available=f"{__name__}:_yes"))
-    assert engine_specs.resolve_engine({"engine": "auto"}) == "vllm"
+    assert resolve_engine({"engine": "auto"}) == "vllm"
     monkeypatch.setitem(ENGINES, "vllm", EngineSpec("vllm", build="rollout.vllm_engine:build", gpu_memory=True,
                                                     weight_sync="vllm", available=f"{__name__}:_no"))
-    assert engine_specs.resolve_engine({"engine": "auto"}) == "hf"
+    assert resolve_engine({"engine": "auto"}) == "hf"
 
 
 def _yes():

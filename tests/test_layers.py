@@ -71,5 +71,5 @@ def test_no_import_cycle_inside_a_package():
 
 def test_the_checker_sees_lazy_and_relative_imports():
     graph = project_graph()
-    assert "rollout.vllm_engine" in graph["rollout.engines"]  # a lazy import inside make_engine
+    assert "rollout.agent" in graph["rollout.worker"]  # a lazy import inside RolloutWorker.__init__
     assert "rewards.compose" in graph["rewards.worker"]  # a relative import

@@ -133,6 +133,16 @@ def test_varlen_attention_reads_boundaries_from_position_ids(tiny_dense_path):
         torch.testing.assert_close(together, alone, rtol=0, atol=1e-10)
         leaky = model.model(input_ids=packed, use_cache=False).last_hidden_state[0]  # no positions: one sample
     assert (leaky - alone).abs().max() > 1e-3
+    with torch.inference_mode():  # no version counter to cache by: read again, same answer
+        again = model.model(input_ids=packed, position_ids=positions, use_cache=False).last_hidden_state[0]
+    torch.testing.assert_close(again, together, rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="start at 3, not 0"):
+        model.model(input_ids=packed[:, :7], position_ids=torch.arange(3, 10)[None], use_cache=False)
+    from rl.config import varlen_attention
+
+    # the trainer sizes packed forwards as unmasked only where the flash kernels run: a 16-bit model
+    assert varlen_attention({"model": {"attn_implementation": "varlen", "dtype": "bfloat16"}})
+    assert not varlen_attention({"model": {"attn_implementation": "varlen", "dtype": "float32"}})
 
 
 def test_varlen_attention_refuses_what_it_does_not_compute():

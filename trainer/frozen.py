@@ -79,7 +79,7 @@ class FrozenModel:
         samples each, or with `auto` as few as the free GPU memory allows (`trainer.dist.auto_micro_batch_counts`,
         with the estimate of a forward without autograd or KV cache: one layer's tensors at a time, not every
         layer's as training keeps for backward, so a step's reference forward usually runs in one or two batches;
-        packed without flash-attention, the trainer's estimate, see `forward_only_estimate`)."""
+        packed without varlen attention, the trainer's estimate, see `forward_only_estimate`)."""
         layout = "packed" if self.packed else "padded"
         size = self.cfg["trainer"]["micro_batch_size"]
         if str(size) != "auto":

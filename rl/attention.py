@@ -38,14 +38,8 @@ log = logging.getLogger(__name__)
 VARLEN = "varlen"  # the `model.attn_implementation` value, and the name registered with transformers
 
 
-def cu_seqlens(lengths, device=None) -> torch.Tensor:
-    """int32 [n + 1] cumulative lengths (0, l0, l0 + l1, ...): where each packed sample starts and the row ends."""
-    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    out[1:] = torch.cumsum(torch.as_tensor(list(lengths), dtype=torch.int64), 0).to(torch.int32)
-    return out if device is None else out.to(device)
-
-
 _last_positions: list = [None, -1, None]  # (position_ids, its version, boundaries): a forward's layers share it
+_warned: list = []  # the masked stand-in ran on a GPU (warned once)
 
 
 def _boundaries_from_positions(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -149,9 +143,6 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
                         torch.cuda.get_device_name(query.device))
         out = _masked_varlen(q, k, v, cu, scaling)
     return out.reshape(B, T, H, D), None
-
-
-_warned: list = []
 
 
 def _half_dtype(q: torch.Tensor) -> torch.dtype | None:

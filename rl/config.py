@@ -323,15 +323,15 @@ def resolve_auto(cfg: dict, is_moe: bool) -> dict:
     return cfg
 
 
+HALF_DTYPES = ("bfloat16", "float16")
+
+
 def varlen_attention(cfg: Mapping) -> bool:
     """`model.attn_implementation` runs packed rows through variable-length kernels, no mask: flash-attention's
     (flash_attention_*) or torch's own (varlen, rl/attention.py: in a 16-bit model.dtype; a float32 one runs the
     masked stand-in)."""
     name = str(cfg["model"].get("attn_implementation") or "")
     return name.startswith("flash_attention") or (name == "varlen" and cfg["model"].get("dtype") in HALF_DTYPES)
-
-
-HALF_DTYPES = ("bfloat16", "float16")
 
 
 def pack_sequences(cfg: Mapping) -> bool:

@@ -19,8 +19,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl.attention import cu_seqlens
-
 
 @dataclass
 class Trajectory:
@@ -286,7 +284,7 @@ def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> Train
         num_seqs=B,
         domains=[t.domain for t in trajs],
         position_ids=position_ids,
-        cu_seqlens=cu_seqlens(lengths) if packed else None,
+        cu_seqlens=torch.from_numpy(np.append(starts, T).astype(np.int32)) if packed else None,
         max_seqlen=max(lengths) if packed else 0,
         ref_logprobs=(
             cat([t.ref_logprobs if t.ref_logprobs is not None else np.zeros(len(t.response_ids)) for t in trajs], np.float32)

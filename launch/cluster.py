@@ -375,9 +375,15 @@ class Cluster:
         with sleep mode then frees its GPU memory for the trainer (a rollout after the weight sync, like the
         held-out eval, must not: the next step generates from those weights)."""
         scoring = pending.scoring()
-        if sleep and self._weight_sync is not None:
-            self._weight_sync.after_generate()  # colocated + sleep mode: give the GPU memory to the trainer
+        if sleep:
+            self.rollouts_done()
         return scoring
+
+    def rollouts_done(self) -> None:
+        """The step's rollouts are in: colocated vLLM with sleep mode gives its GPU memory to the trainer (nothing
+        otherwise). `collect_rollout` calls it unless told not to, as dynamic sampling's rounds are (launch/sources.py)."""
+        if self._weight_sync is not None:
+            self._weight_sync.after_generate()
 
     def trainer_device_name(self) -> str:
         return self._get_trainers([self.trainers[0].device_name.remote()])[0]

@@ -91,6 +91,8 @@ def check_config(cfg: dict) -> None:
     if staleness and is_colocated_vllm(cfg):
         raise ConfigError("rollout.max_staleness > 0 overlaps rollout with training, which colocated vLLM cannot do "
                           "(it sleeps while the trainer trains): use rollout.placement=split, or 0")
+    if not isinstance(cfg["rollout"].get("payload_by_reference", True), bool):
+        raise ConfigError(f"rollout.payload_by_reference={cfg['rollout']['payload_by_reference']!r}: true or false")
     if float(cfg["rollout"]["temperature"]) == 0:
         log.warning("rollout.temperature=0 (greedy): the %d samples of a prompt are identical, so every advantage "
                     "is 0 and GRPO learns nothing; sample with a temperature > 0", int(cfg["rollout"]["n_samples"]))

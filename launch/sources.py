@@ -6,6 +6,13 @@ trainer/objectives.py).
   `rollout.max_staleness` = 1 lets the next step's rollout run while this step trains. Its samples then come from
   weights one update old; pi_old is still the engine's, and OPSM covers the drift. The weight sync waits for that
   rollout to end (`time/rollout_wait`: how long the trainer waited for the rollout GPUs).
+  `data.dynamic_sampling` (DAPO; rl/dynamic_sampling.py): groups without reward variance are dropped and backfill
+  rounds of new prompts run, synchronously in `take`, until the step holds `data.prompts_per_step` groups with
+  variance or `max_rounds` rounds ran. Agent episodes are filtered as episodes, before `expand_segments`. With
+  max_staleness = 1 the first round of step n came from weights one update old, its backfill rounds come from the
+  current ones (pi_old is each sample's own engine logprobs, so the loss is right for both), and the next step's
+  first round is submitted once they are in: the mixture then draws in one order (step n's rounds, then step n+1's),
+  which the checkpointed data position relies on.
 - `DatasetSource` (SFT): the next `algorithm.samples_per_step` conversations of `algorithm.dataset`, epoch after
   epoch in a seeded order (rl/sft_data.py); no rollout, reward or reference workers exist.
 
@@ -28,6 +35,8 @@ from launch.cluster import Cluster
 from rewards.compose import required_fields
 from rl.advantages import assign_advantages, attach_domain_coefficients, expand_segments
 from rl.data import EvalPrompts, PromptMixture, thinking_modes
+from rl.dynamic_sampling import (ROUND_SEED_STRIDE, first_round_prompts, group_order, informative_groups, kept_counts,
+                                 next_round, sampling_metrics, select_groups, step_quota)
 from rl.metrics import eval_metrics, rollout_metrics, step_metrics
 from rl.sft_data import ConversationDataset, load_conversations
 from rl.trajectory import Trajectory
@@ -67,7 +76,13 @@ class RolloutSource:
         self.ev = cfg.get("eval") or {}
         self.evals = held_out_prompts(self.ev, domains, tokenizer, data)
         self.in_flight: deque = deque()  # (step, mixture state before its prompts, weight version, pending rollout)
-        self.warned_no_signal = False
+        self.warned_no_signal = self.warned_short = False
+        ds = cfg["data"].get("dynamic_sampling") or {}
+        self.dynamic = dict(ds) if ds.get("enabled") else None  # data.dynamic_sampling, None when off
+        # distillation's teacher grades every token whatever the rewards: its domains' groups are never dropped
+        self.exempt = {d for d, spec in domains.items() if spec.get("teacher")}
+        self.unused: list[Trajectory] = []  # generated this step, not trained on (dynamic sampling)
+        self.sampling: dict = {}  # the step's dynamic_sampling/* metrics
 
     def start(self, cluster: Cluster, tracker, total: int) -> None:
         self.cluster, self.tracker, self.total = cluster, tracker, total
@@ -76,24 +91,39 @@ class RolloutSource:
             metrics = evaluate(cluster, self.evals, self.ev, self.parts, 0, tracker)
             tracker.log({"step": 0, **metrics, "time/eval": time.perf_counter() - start}, counts_as_step=False)
 
-    def _submit(self, step: int) -> None:
+    def _submit(self, step: int, version: int) -> None:
+        """`version`: the weight updates the rollout workers hold now (the step being taken, minus one)."""
         data_state = self.mixture.state_dict()
-        prompts = self.mixture.next_batch(int(self.cfg["data"]["prompts_per_step"]))
+        n = int(self.cfg["data"]["prompts_per_step"])
+        if self.dynamic:
+            n = first_round_prompts(n, self.dynamic["oversample"])
+        prompts = self.mixture.next_batch(n)
         for i, p in enumerate(prompts):
             p["group_id"] = f"s{step}-p{i}"
-        self.in_flight.append((step, data_state, step - 1 - len(self.in_flight),
-                               self.cluster.submit_rollout(prompts, step)))
+        self.in_flight.append((step, data_state, version, self.cluster.submit_rollout(prompts, step)))
+
+    def _fill(self, step: int, ahead: int, version: int) -> None:
+        """Rollouts in flight from `step` on, up to `ahead` beyond it (never past the run's last step)."""
+        while len(self.in_flight) <= ahead and step + len(self.in_flight) <= self.total:
+            self._submit(step + len(self.in_flight), version)
 
     def take(self, step: int, times: dict) -> StepSamples:
+        staleness = int(self.cfg["rollout"].get("max_staleness") or 0)
         with timed(times, "rollout"):
-            while (len(self.in_flight) <= int(self.cfg["rollout"].get("max_staleness") or 0)
-                   and step + len(self.in_flight) <= self.total):
-                self._submit(step + len(self.in_flight))
+            # dynamic sampling: the next step's first round waits for this step's backfill (one order of draws)
+            self._fill(step, 0 if self.dynamic else staleness, step - 1)
             _, _, self.version, pending = self.in_flight.popleft()
-            scoring = self.cluster.collect_rollout(pending)  # shares are scored as they arrive
+            # shares are scored as they arrive; a backfill round may follow on the same weights, so no sleep yet
+            scoring = self.cluster.collect_rollout(pending, sleep=not self.dynamic)
         times["time/generate"] = pending.generation_seconds()  # the workers' part, also when it overlapped training
         with timed(times, "reward"):  # what scoring is left once the last share is generated
             self.trajs = scoring.collect()
+        self.generated = sum(t.num_generated_tokens + sum(s.num_generated_tokens for s in t.segments or ())
+                             for t in self.trajs)
+        if self.dynamic:
+            with timed(times, "backfill"):
+                self.trajs = self._backfill(step, self.trajs, times)
+            self._fill(step + 1, staleness - 1, step - 1)
         assign_advantages(self.trajs, self.cfg["algorithm"]["normalize_adv_std"])
         # one trajectory per episode for rewards, advantages and metrics; a managed agent episode trains as its
         # context segments, each with the episode's advantage (rl.advantages.expand_segments)
@@ -113,6 +143,44 @@ class RolloutSource:
                         tr.teacher_logprobs = lp
         return StepSamples(self.train, need_ref)
 
+    def _backfill(self, step: int, first: list[Trajectory], times: dict) -> list[Trajectory]:
+        """Dynamic sampling: drop the groups without reward variance, run backfill rounds until each domain's share of
+        the step is full or `max_rounds` rounds ran, and return the episodes to train on (rl/dynamic_sampling.py)."""
+        ds, n = self.dynamic, int(self.cfg["data"]["prompts_per_step"])
+        generated, order = list(first), group_order(first)
+        informative = informative_groups(first, self.exempt)
+        quota, first_round = step_quota(order, n), {gid for gid, _ in order}
+        rounds, drawn = 1, len(order)
+        while counts := next_round(quota, kept_counts(order, informative, quota), rounds, int(ds["max_rounds"]),
+                                   float(ds["oversample"])):
+            rounds += 1
+            prompts = self.mixture.next_of_domains(counts)
+            for i, p in enumerate(prompts):
+                p["group_id"] = f"s{step}-r{rounds}-p{i}"
+            drawn += len(prompts)
+            pending = self.cluster.submit_rollout(prompts, rounds * ROUND_SEED_STRIDE + step)  # own sampling seeds
+            trajs = self.cluster.collect_rollout(pending, sleep=False).collect()
+            times["time/generate"] += pending.generation_seconds()
+            self.generated += sum(t.num_generated_tokens + sum(s.num_generated_tokens for s in t.segments or ())
+                                  for t in trajs)
+            generated += trajs
+            order += group_order(trajs)
+            informative |= informative_groups(trajs, self.exempt)
+        self.cluster.rollouts_done()  # the last round is in: colocated vLLM may sleep while the trainer trains
+        chosen, filled = select_groups(order, informative, quota)
+        self.sampling = sampling_metrics(rounds=rounds, prompts_drawn=drawn, prompts_per_step=n, order=order,
+                                         informative=informative, chosen=chosen, first_round=first_round,
+                                         filled=filled, rewards=[t.reward for t in generated])
+        if filled and not self.warned_short:
+            self.warned_short = True
+            log.warning("step %d: %d rounds (data.dynamic_sampling.max_rounds) found %d of %d groups with reward "
+                        "variance; %d zero-variance groups fill the step (advantage 0). Logged every step as "
+                        "dynamic_sampling/filled_groups; raise oversample or max_rounds, or check the rewards",
+                        step, rounds, n - filled, n, filled)
+        keep = set(chosen)
+        self.unused = [t for t in generated if t.group_id not in keep]
+        return [t for t in generated if t.group_id in keep]
+
     def after_update(self, step: int, times: dict) -> dict:
         """Weight sync (after the next rollout, if one is in flight, has ended), rollout metrics, held-out eval."""
         if self.in_flight:  # the next rollout ends on the weights it started with before the new ones load
@@ -122,10 +190,13 @@ class RolloutSource:
             times.update({f"time/sync_{part}": s for part, s in self.cluster.sync_weights().items()})
         metrics = rollout_metrics(self.trajs, self.parts, staleness=step - 1 - self.version, agent_domains=self.agents,
                                   domain_modes=self.modes)
+        metrics.update(self.sampling)
         if self.evals is not None and (step % int(self.ev["every"]) == 0 or step == self.total):
             with timed(times, "eval"):
                 metrics.update(evaluate(self.cluster, self.evals, self.ev, self.parts, step, self.tracker))
         self.tracker.save_rollouts(f"step_{step:06d}", self.trajs)
+        if self.unused:  # dynamic sampling: what was generated but not trained on, for reading
+            self.tracker.save_rollouts(f"step_{step:06d}_unused", self.unused)
         if metrics["advantage/zero_variance_group_frac"] == 1.0 and not self.warned_no_signal:
             self.warned_no_signal = True
             log.warning("step %d: in every group all samples got the same reward, so every advantage is 0 and this "
@@ -134,8 +205,7 @@ class RolloutSource:
         return metrics
 
     def step_metrics(self, step: int, times: dict) -> dict:
-        generated = sum(tr.num_generated_tokens for tr in self.train)
-        return step_metrics(step, times, generated, self.mixture.skipped_too_long)
+        return step_metrics(step, times, self.generated, self.mixture.skipped_too_long)
 
     def state_dict(self) -> dict:
         """The data position to resume from: before the prompts of rollouts still in flight."""

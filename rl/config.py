@@ -175,6 +175,8 @@ def validate(cfg: Mapping) -> None:
     check_number(r, "num_workers", "rollout", lo=1, integer=True)
     check_number(data, "prompts_per_step", "data", lo=1, integer=True)
     check_number(data, "max_prompt_tokens", "data", lo=1, integer=True)
+    if not dataset:
+        validate_dynamic_sampling(data.get("dynamic_sampling"))
     for key in ("total_steps", "num_processes", "mini_batches"):
         check_number(t, key, "trainer", lo=1, integer=True)
     if t.get("micro_batch_size") != "auto":
@@ -230,6 +232,21 @@ def validate(cfg: Mapping) -> None:
             f"trainer.mini_batches: {where} = {samples} samples per step must "
             f"split evenly into trainer.mini_batches * trainer.num_processes = {shards} shards"
         )
+
+
+def validate_dynamic_sampling(ds: Any) -> None:
+    """`data.dynamic_sampling` (rl/dynamic_sampling.py); absent counts as off."""
+    if ds is None:
+        return
+    if not isinstance(ds, Mapping):
+        raise ConfigError(f"data.dynamic_sampling must be a mapping ({{enabled, oversample, max_rounds}}), got {ds!r}")
+    path = "data.dynamic_sampling"
+    check_choice(ds, "enabled", path, {True, False})
+    check_number(ds, "oversample", path, lo=1)
+    if ds.get("max_rounds") == 0:  # verl's max_num_gen_batches=0 means no limit; here it would never end
+        raise ConfigError(f"{path}.max_rounds=0: give a bound >= 1 (there is no unlimited setting: a domain whose "
+                          "groups never vary, e.g. a reward no sample can earn, would generate forever)")
+    check_number(ds, "max_rounds", path, lo=1, integer=True)
 
 
 def validate_eval(e: Mapping) -> None:

@@ -201,19 +201,35 @@ class PromptMixture:
             domain = self.names[int(k)]
             thinking = draw_mode(self.modes[domain], self.seed, self.step, domain, drawn.get(domain, 0))
             drawn[domain] = drawn.get(domain, 0) + 1
-            for _ in range(len(self.rows[domain]) + 1):
-                index, row = self._next_row(domain)
-                text, ids = self.render(domain, row, thinking)
-                if len(ids) <= self.max_prompt_tokens:
-                    break
-                self.skipped_too_long += 1
-                log.warning("domain %s row %d: prompt has %d tokens > data.max_prompt_tokens, skipped", domain, index, len(ids))
-            else:
-                raise ConfigError(f"domains.{domain}: no prompt fits in data.max_prompt_tokens={self.max_prompt_tokens}")
-            batch.append({"domain": domain, "index": index, "prompt_text": text, "prompt_ids": ids, "sample": dict(row),
-                          "thinking": thinking})
+            batch.append(self._draw(domain, thinking))
         self.step += 1
         return batch
+
+    def next_of_domains(self, counts: Mapping[str, int]) -> list[dict[str, Any]]:
+        """`counts[d]` prompts of each domain d, in the mixture's domain order (a backfill round of dynamic sampling,
+        which refills each domain's own share of the step: rl/dynamic_sampling.py). It is one draw of the mixture
+        like `next_batch`: it advances `step` (the modes of `thinking: both` alternate from a start drawn from it),
+        and the checkpointed state after it resumes exactly."""
+        batch = []
+        for domain in self.names:
+            for k in range(int(counts.get(domain, 0))):
+                batch.append(self._draw(domain, draw_mode(self.modes[domain], self.seed, self.step, domain, k)))
+        self.step += 1
+        return batch
+
+    def _draw(self, domain: str, thinking: bool | None) -> dict[str, Any]:
+        """The domain's next prompt that fits data.max_prompt_tokens (longer ones are skipped and counted)."""
+        for _ in range(len(self.rows[domain]) + 1):
+            index, row = self._next_row(domain)
+            text, ids = self.render(domain, row, thinking)
+            if len(ids) <= self.max_prompt_tokens:
+                break
+            self.skipped_too_long += 1
+            log.warning("domain %s row %d: prompt has %d tokens > data.max_prompt_tokens, skipped", domain, index, len(ids))
+        else:
+            raise ConfigError(f"domains.{domain}: no prompt fits in data.max_prompt_tokens={self.max_prompt_tokens}")
+        return {"domain": domain, "index": index, "prompt_text": text, "prompt_ids": ids, "sample": dict(row),
+                "thinking": thinking}
 
     def state_dict(self) -> dict:
         return {

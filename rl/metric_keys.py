@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 
 DISTILL = "algorithm.objective=distill"  # the rows only on-policy distillation logs (on every step of such a run)
+DYNAMIC = "data.dynamic_sampling.enabled"  # the rows only a run with dynamic sampling logs (on every step of it)
 # (pattern, when it has a value, meaning). `when`: "every step", or the condition; "null ..." says when it is null.
 KEYS: list[tuple[str, str, str]] = [
     ("step", "every step", "the RL step (from 1); the x-axis of every chart"),
@@ -83,11 +84,15 @@ KEYS: list[tuple[str, str, str]] = [
     ("time/generate", "every step", "the rollout workers' seconds on the step's samples, also when that overlapped "
      "the step before"),
     ("time/reward", "every step", "scoring left after the last sample was generated"),
+    ("time/backfill", DYNAMIC, "seconds of the step's backfill rounds (drawn, generated and scored while the loop "
+     "waits; about 0 when the first round filled the step)"),
     ("time/ref", "every step", "seconds of the reference model's forward (0 when no sample has a KL term)"),
     ("time/train", "every step", "seconds of the policy update"),
     ("time/sync", "every step", "seconds of the weight sync to the rollout engines"),
     ("time/sync_<piece>", "vLLM only", "parts of the vLLM weight sync: wake (workers wake their weights), send (the "
      "trainer sends), send_rank (a rank's own share of it), finish (workers finish and wake the KV cache)"),
+    ("time/payload_fetch", "rollout.payload_by_reference", "seconds a trainer rank waited for its samples' "
+     "per-token arrays (logprobs, kept sets, routes) from the object store, the mean over ranks"),
     ("time/rollout_wait", "rollout.max_staleness=1, not on the last step", "the trainer's wait for the next "
      "rollout to end before the weight sync"),
     ("time/eval", "eval steps", "seconds of the held-out evaluation"),
@@ -103,6 +108,8 @@ KEYS: list[tuple[str, str, str]] = [
     ("perf/ref_tflops", "steps that ran the reference", "the same for the reference's forward"),
     ("perf/mfu", "GPU, with a known peak (trainer.peak_tflops)", "perf/train_tflops_per_gpu over the GPU's dense "
      "bf16 peak"),
+    ("perf/payload_fetched_mb", "rollout.payload_by_reference", "MB of per-token arrays the trainer ranks fetched "
+     "from the object store, all ranks (the bytes that no longer pass through the driver and the reward workers)"),
     ("perf/gradient_checkpointing", "every step", "1 when the step recomputed activations (the share of ranks)"),
     ("perf/micro_batches", "every step", "micro-batches per mini-batch on a rank"),
     ("memory/trainer_free_gib", "null on CPU", "GPU memory the trainer could allocate as the train phase started "
@@ -112,6 +119,17 @@ KEYS: list[tuple[str, str, str]] = [
     ("memory/trainer_peak_gib", "null on CPU", "the most the train phase allocated"),
     ("data/skipped_long_prompts", "every step", "prompts skipped so far for being longer than "
      "data.max_prompt_tokens"),
+    ("dynamic_sampling/rounds", DYNAMIC, "generation rounds of the step, the first included (at most "
+     "data.dynamic_sampling.max_rounds)"),
+    ("dynamic_sampling/extra_prompts", DYNAMIC, "prompts drawn beyond data.prompts_per_step (oversampling and "
+     "backfill rounds)"),
+    ("dynamic_sampling/dropped_groups", DYNAMIC, "groups generated in the step whose samples all got the same "
+     "reward (not trained on unless they fill the step)"),
+    ("dynamic_sampling/backfilled_frac", DYNAMIC, "share of the trained groups that came from backfill rounds"),
+    ("dynamic_sampling/filled_groups", DYNAMIC, "zero-variance groups trained on (advantage 0) because the rounds "
+     "ran out before the step held data.prompts_per_step groups with variance (0 normally)"),
+    ("dynamic_sampling/reward_mean", DYNAMIC, "mean reward of every sample generated in the step, all rounds: the "
+     "policy's reward, which reward/mean (of the trained samples only) no longer is"),
     ("episode/<d>/turns", "null when the step drew no prompt of agent domain <d>", "mean model turns per episode"),
     ("episode/<d>/tool_calls", "null when the step drew no prompt of agent domain <d>", "mean tool calls per "
      "episode"),

@@ -172,6 +172,9 @@ def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int
         "memory/others_gib": s["gpu_others_gib"] / n_ranks if "gpu_others_gib" in s else None,
         "memory/trainer_peak_gib": s["gpu_peak_gib"] / n_ranks if "gpu_peak_gib" in s else None,
     }
+    if "payload_bytes" in s:  # samples whose per-token arrays came by reference (rollout.payload_by_reference)
+        m["time/payload_fetch"] = s["payload_fetch_s"] / n_ranks
+        m["perf/payload_fetched_mb"] = s["payload_bytes"] / 1e6
     if "mismatch_tokens" in s:  # samples an engine sampled (not dataset rows), before the step's first update
         m["mismatch/logprob_abs"] = ratio(s, "mismatch_abs_sum", "mismatch_tokens")
         m["mismatch/routing_frac"] = ratio(s, "routing_mismatch", "routing_total")

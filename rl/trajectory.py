@@ -20,6 +20,12 @@ import numpy as np
 import torch
 
 
+# The per-token arrays that travel by reference (`Trajectory.payload`): what the trainer and the frozen models read and
+# rewards, metrics and the driver never do. The kept ids and routes are most of a step's bytes (tens of MB on a real
+# model); the light view keeps the token ids, loss mask and texts.
+HEAVY_FIELDS = ("inference_logprobs", "kept_ids", "kept_offsets", "routed_experts")
+
+
 @dataclass
 class Trajectory:
     uid: str  # unique per sample
@@ -78,6 +84,11 @@ class Trajectory:
     # advantages and metrics; `rl.advantages.expand_segments` splices the earlier ones in for training, with the
     # episode's reward and advantage. None = one segment (every other sample).
     segments: list["Trajectory"] | None = None
+    # Payload by reference: while this sample travels rollout worker -> reward worker -> driver -> trainer, its
+    # HEAVY_FIELDS are None here and this is an object-store reference to them (put by the rollout worker,
+    # rollout/worker.py); the trainer ranks and the frozen models fetch their own samples' arrays
+    # (trainer/payload.py). None: the arrays are in the fields (the default outside Ray, and after the fetch).
+    payload: Any = None
 
     def __post_init__(self) -> None:
         self.prompt_ids = np.asarray(self.prompt_ids, dtype=np.int32)
@@ -123,6 +134,21 @@ class Trajectory:
     def num_generated_tokens(self) -> int:
         """The tokens the model generated: what length penalties, response lengths and throughput count."""
         return int(len(self.response_ids)) if self.generated is None else int(np.count_nonzero(self.generated))
+
+    def take_heavy(self) -> dict[str, Any]:
+        """Hand over the per-token arrays that only the trainer and the frozen models read (HEAVY_FIELDS), leaving
+        None in their place: the light view that rewards, metrics and the driver need."""
+        heavy = {name: getattr(self, name) for name in HEAVY_FIELDS}
+        for name in HEAVY_FIELDS:
+            setattr(self, name, None)
+        return heavy
+
+    def attach_heavy(self, heavy: dict[str, Any]) -> None:
+        """Put back what `take_heavy` handed over (checked as at construction); the payload reference is dropped."""
+        for name in HEAVY_FIELDS:
+            setattr(self, name, heavy.get(name))
+        self.payload = None
+        self.__post_init__()
 
     def loss_mask_or_ones(self) -> np.ndarray:
         """`loss_mask` as float32, all ones when it is None (every response token is trained on)."""
@@ -195,6 +221,9 @@ def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> Train
     `packed` put them back to back in one row (no padding; see `TrainBatch`)."""
     if not trajs:
         raise ValueError("collate needs at least one trajectory")
+    if any(t.payload is not None for t in trajs):  # else they would read as dataset rows without kept sets or routes
+        raise ValueError("trajectories whose per-token arrays are still in the object store (Trajectory.payload): "
+                         "fetch them first (trainer/payload.py fetch_heavy)")
     lengths = [t.num_tokens for t in trajs]
     B = len(trajs)
     # where each sample starts in the flattened [rows * T] layout

@@ -13,6 +13,7 @@ import logging
 import time
 
 import numpy as np
+import ray
 import torch
 
 from rl.trajectory import Trajectory
@@ -41,6 +42,9 @@ class RolloutWorker:
         self.tokenizer = self.engine.tokenizer
         # Keep Sampling Mask is decided here, once: the engine records kept sets only when it is on.
         self.record_kept_set = bool(cfg["algorithm"]["keep_sampling_mask"])
+        # Payload by reference (rollout.payload_by_reference): the samples leave with their per-token arrays in the
+        # object store. Only inside Ray: a worker built in-process (tests, tools) returns whole samples.
+        self.by_reference = bool(rcfg.get("payload_by_reference", True)) and ray.is_initialized()
         # Agent domains (an `agent` block): multi-turn episodes against their environment (rollout/agent.py).
         self._agents = {}
         for name, block in cfg["domains"].items():
@@ -116,7 +120,10 @@ class RolloutWorker:
             n = sp.n
             for k, i in enumerate(idx):
                 out[i] = trajs[k * n : (k + 1) * n]
-        return [t for group in out for t in group]
+        samples = [t for group in out for t in group]
+        if self.by_reference:
+            put_heavy(samples)
+        return samples
 
     def _single_turn(self, requests: list[dict], sp, scorer=None) -> list[Trajectory]:
         texts: dict[tuple[int, bytes], str] = {}  # (prompt index, response) -> text, decoded for early scoring
@@ -175,3 +182,12 @@ class RolloutWorker:
             sample=req["sample"],
             thinking=req.get("thinking"),
         )
+
+
+def put_heavy(samples: list[Trajectory]) -> None:
+    """Each sample's per-token arrays (and each earlier context segment's) go to the object store as one object per
+    sample, owned by this worker; the sample keeps the reference (`Trajectory.payload`). One object per sample, so a
+    trainer rank fetches exactly its own samples' arrays, whichever rank the driver's split gives them to."""
+    for t in samples:
+        for part in [*(t.segments or ()), t]:
+            part.payload = ray.put(part.take_heavy())

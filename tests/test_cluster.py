@@ -21,6 +21,7 @@ from rl.config import resolve_auto
 from rl.data import PromptMixture
 from rl.models import load_tokenizer
 from rollout.worker import RolloutWorker
+from trainer.payload import fetch_heavy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,6 +66,7 @@ def test_dead_rollout_worker_is_replaced_and_resynced(ray_local, tiny_dense_path
     # The replacement worker got the synced weights: same samples and uniform logprobs as before it died.
     assert [t.response_ids.tolist() for t in after] == [t.response_ids.tolist() for t in before]
     uniform = -torch.log(torch.tensor(float(len(tok)))).item()
+    fetch_heavy(after)  # the engine's logprobs come by reference (rollout.payload_by_reference)
     assert all(abs(float(lp) - uniform) < 1e-4 for t in after for lp in t.inference_logprobs)
     # Two calls in flight (rollout.max_staleness > 0) on a worker that dies: the first collect replaces it, the
     # second retries on that replacement instead of replacing (killing) it again.

@@ -8,6 +8,7 @@ Run on the device: `pytest -m gpu tests/test_launch_gpu.py -s` (each run's per-s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():  # pragma: no cover - CPU machines with vllm installed
     pytest.skip("needs CUDA", allow_module_level=True)
 
+from launch.local_nodes import LocalNodes, actors_by_node  # noqa: E402
 from launch.testbed import MOE_SMALL, build_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +44,11 @@ PLACEMENTS = {
     "colocated-2gpu": ["rollout.placement=colocated", "rollout.num_gpus=0.4", "trainer.num_gpus=0.4",
                        "trainer.num_processes=2", "rollout.num_workers=2", "trainer.ref_num_gpus=0.1",
                        "rewards.judge.num_gpus=0.1", "rollout.gpu_memory_utilization=0.25"],
+    # the same over two Ray nodes on this host, one GPU each (launch/local_nodes.py), as on two machines: NCCL between
+    # the ranks, each rank's samples' arrays fetched from the node that generated them (rollout.payload_by_reference)
+    "colocated-2nodes": ["rollout.placement=colocated", "rollout.num_gpus=0.4", "trainer.num_gpus=0.4",
+                         "trainer.num_processes=2", "rollout.num_workers=2", "trainer.ref_num_gpus=0.1",
+                         "rewards.judge.num_gpus=0.1", "rollout.gpu_memory_utilization=0.25"],
     # two GPUs: vLLM owns one; the trainer, the reference and the judge share the other
     "split": ["rollout.placement=split", "rollout.num_gpus=1", "trainer.num_gpus=0.5", "trainer.ref_num_gpus=0.25",
               "rewards.judge.num_gpus=0.25", "rollout.gpu_memory_utilization=0.5"],
@@ -62,8 +69,17 @@ def test_launch_train_on_vllm(placement, model_path, tmp_path):
            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     cmd = [sys.executable, "-m", "launch.train", f"run_dir={run_dir}", f"model.path={model_path}", *COMMON,
            *PLACEMENTS[placement]]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+    nodes = placement.endswith("2nodes")
+    with LocalNodes(2, 1, max((os.cpu_count() or 4) // 2, 2)) if nodes else contextlib.nullcontext() as address:
+        if nodes:
+            cmd.append(f"ray.address={address}")
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+        if nodes:  # every actor of the run, by the node it ran on: trainer ranks and rollout workers on both
+            placed = actors_by_node(address)
     assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-8000:])
+    if nodes:
+        print(f"[{placement}] actors by node: {placed}")
+        assert len(placed) == 2 and all({"PolicyTrainer", "RolloutWorker"} <= set(p) for p in placed.values()), placed
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     keys = ["reward/mean", "mismatch/logprob_abs", "mismatch/routing_frac", "response_length/truncated_frac",
             "opsm/masked_frac", "kl/logic", "reward/general/rubric_judge", "time/rollout", "time/train", "time/sync",
@@ -84,3 +100,4 @@ def test_launch_train_on_vllm(placement, model_path, tmp_path):
     if "eval.every=1" in PLACEMENTS[placement]:
         assert all(any(k.startswith("eval/") for k in r) for r in rows), rows
     assert (run_dir / "checkpoints" / f"step_{STEPS:06d}" / "COMPLETE").exists()
+    assert all(r["perf/payload_fetched_mb"] > 0 for r in rows)  # the arrays came by reference

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rl.metric_keys import DISTILL, KEYS, markdown_table, row_of
+from rl.metric_keys import DISTILL, DYNAMIC, KEYS, markdown_table, row_of
 from rl.metrics import eval_metrics, rollout_metrics, step_metrics, trainer_metrics
 from rl.trajectory import Trajectory
 from trainer.objectives import DISTILL as DISTILL_OBJECTIVE
@@ -68,8 +68,9 @@ def test_a_real_runs_keys_are_the_table(quick_start_run):
     keys = {k for row in quick_start_run.rows for k in row}
     assert [k for k in sorted(keys) if row_of(k) is None] == [], "keys logged with no row in rl/metric_keys.py"
     seen = {row_of(k) for k in keys}
-    # the SFT rows: tests/test_sft.py's run; the distillation rows: tests/test_distill.py's
-    rl_rows = {p for p, when, _ in KEYS if when not in ("SFT", DISTILL)}
+    # the SFT rows: tests/test_sft.py's run; the distillation rows: tests/test_distill.py's; the dynamic sampling
+    # rows (off by default): tests/test_dynamic_sampling.py's
+    rl_rows = {p for p, when, _ in KEYS if when not in ("SFT", DISTILL, DYNAMIC)}
     assert rl_rows - seen - NOT_ON_THE_CPU_DEFAULT == set(), "rows the run never logged"
     always = [p for p, when, _ in KEYS if when == "every step" or when.startswith("null")]
     for row in quick_start_run.rows:  # every-step rows are on every step (null allowed where the row says)

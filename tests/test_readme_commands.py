@@ -29,7 +29,11 @@ RUN_BY_CI = {'pip install -e ".[test]"', 'pytest -m "not gpu"'}
 # checks; the others are named).
 GPU_ONLY = {"pip install torch", 'pip install -e ".[gpu]"', 'pip install -e ".[flash]" --no-build-isolation',
             "ray start --head", "ray start --address=...", "pytest -m gpu", "python -m launch.train +experiment=smol_agent",
-            "python -m launch.train +experiment=smol_math", "python -m launch.pipeline +experiment=smol_pipeline"}
+            "python -m launch.train +experiment=smol_math", "python -m launch.pipeline +experiment=smol_pipeline",
+            # several nodes (tests/test_two_nodes.py runs launch.local_nodes on the CPU; the rest needs machines)
+            "ray start --head --port=6379", "ray start --address=<head ip>:6379", "pip install -e .",
+            "ray job submit --address=http://<head ip>:8265 --working-dir . --",
+            "python -m launch.local_nodes --nodes 2 --gpus-per-node 1 -- COMMAND"}
 # Run as written on this machine (slow ones are run by tests marked slow, see RUN_SLOW).
 RUN_FAST = {"python -m launch.train +experiment=mixed_rl --cfg job --resolve", "python -m launch.check_env [ENV]",
             "python -m rl.metric_keys",

@@ -22,6 +22,7 @@ from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
 from trainer.dist import auto_micro_batch_counts, pick_device, release_cached_memory
 from trainer.forward import compile_layers, forward_logprobs, logit_scale, route_replay
+from trainer.payload import fetch_heavy
 
 
 class FrozenModel:
@@ -56,6 +57,7 @@ class FrozenModel:
     @torch.no_grad()
     def logprobs(self, trajs: list[Trajectory]) -> list[np.ndarray]:
         """log pi_frozen of every response token, one array per trajectory (in the caller's order)."""
+        fetch_heavy(trajs)  # payload by reference: this model's samples' logprobs, kept sets and routes
         at = {id(t): i for i, t in enumerate(trajs)}
         out: list[np.ndarray | None] = [None] * len(trajs)
         for chunk in self._chunks(trajs):

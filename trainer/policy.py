@@ -33,6 +33,7 @@ from trainer.dist import (
 from trainer.forward import ForwardOut, PolicyForward, compile_layers, logit_scale, route_replay
 from trainer.profiling import profiled
 from trainer.objectives import objective_of
+from trainer.payload import fetch_heavy
 
 
 def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int, micro: int) -> dict:
@@ -177,6 +178,9 @@ class PolicyTrainer:
 
     def _train_step(self, minibatches: list[list[Trajectory]], norms: list[tuple[int, int]]) -> dict:
         sums: dict[str, float] = defaultdict(float)
+        fetched = fetch_heavy([t for trajs in minibatches for t in trajs])  # this rank's samples' per-token arrays
+        if fetched["bytes"]:
+            sums.update(payload_fetch_s=fetched["seconds"], payload_bytes=fetched["bytes"])
         stat_sums = TrainStatSums()  # on the GPU until the step is done (no wait for the GPU per micro-batch)
         memory = memory_gib(self.engine.device)  # as the step starts (a colocated vLLM asleep)
         if memory:

@@ -40,6 +40,11 @@ PLACEMENTS = {
     # (eval.every=1: the held-out eval runs after each sync, and the next step must still find vLLM's weights awake)
     "colocated": ["rollout.placement=colocated", "eval.every=1", "rollout.num_gpus=0.4", "trainer.num_gpus=0.4",
                   "trainer.ref_num_gpus=0.1", "rewards.judge.num_gpus=0.1", "rollout.gpu_memory_utilization=0.25"],
+    # one GPU with dynamic sampling: backfill rounds on the awake engine, then vLLM sleeps for the update
+    "colocated-dynamic": ["rollout.placement=colocated", "rollout.num_gpus=0.4", "trainer.num_gpus=0.4",
+                          "trainer.ref_num_gpus=0.1", "rewards.judge.num_gpus=0.1",
+                          "rollout.gpu_memory_utilization=0.25", "data.dynamic_sampling.enabled=true",
+                          "data.dynamic_sampling.oversample=1.5"],
     # two GPUs, two trainer ranks, one worker on each rank's GPU (rank 0 sends both workers the IPC handles)
     "colocated-2gpu": ["rollout.placement=colocated", "rollout.num_gpus=0.4", "trainer.num_gpus=0.4",
                        "trainer.num_processes=2", "rollout.num_workers=2", "trainer.ref_num_gpus=0.1",
@@ -62,7 +67,7 @@ def model_path(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
 def test_launch_train_on_vllm(placement, model_path, tmp_path):
-    if placement != "colocated" and torch.cuda.device_count() < 2:
+    if placement not in ("colocated", "colocated-dynamic") and torch.cuda.device_count() < 2:
         pytest.skip(f"{placement} needs 2 GPUs")
     run_dir = tmp_path / "run"
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": "cuda",
@@ -101,3 +106,8 @@ def test_launch_train_on_vllm(placement, model_path, tmp_path):
         assert all(any(k.startswith("eval/") for k in r) for r in rows), rows
     assert (run_dir / "checkpoints" / f"step_{STEPS:06d}" / "COMPLETE").exists()
     assert all(r["perf/payload_fetched_mb"] > 0 for r in rows)  # the arrays came by reference
+    if "data.dynamic_sampling.enabled=true" in PLACEMENTS[placement]:
+        print(f"[{placement}] " + ", ".join(f"{k}={[r.get(k) for r in rows]}" for k in (
+            "dynamic_sampling/rounds", "dynamic_sampling/extra_prompts", "dynamic_sampling/dropped_groups",
+            "dynamic_sampling/filled_groups", "time/backfill", "advantage/zero_variance_group_frac")))
+        assert all(r["dynamic_sampling/rounds"] >= 1 for r in rows)

@@ -51,6 +51,11 @@ def timed(times: dict, name: str):
     times[f"time/{name}"] = time.perf_counter() - start
 
 
+def generated_tokens(episodes: list[Trajectory]) -> int:
+    """Tokens the model generated in these episodes, their earlier context segments included (throughput)."""
+    return sum(t.num_generated_tokens + sum(s.num_generated_tokens for s in t.segments or ()) for t in episodes)
+
+
 @dataclass
 class StepSamples:
     trajs: list[Trajectory]
@@ -118,8 +123,7 @@ class RolloutSource:
         times["time/generate"] = pending.generation_seconds()  # the workers' part, also when it overlapped training
         with timed(times, "reward"):  # what scoring is left once the last share is generated
             self.trajs = scoring.collect()
-        self.generated = sum(t.num_generated_tokens + sum(s.num_generated_tokens for s in t.segments or ())
-                             for t in self.trajs)
+        self.generated = generated_tokens(self.trajs)
         if self.dynamic:
             with timed(times, "backfill"):
                 self.trajs = self._backfill(step, self.trajs, times)
@@ -161,8 +165,7 @@ class RolloutSource:
             pending = self.cluster.submit_rollout(prompts, rounds * ROUND_SEED_STRIDE + step)  # own sampling seeds
             trajs = self.cluster.collect_rollout(pending, sleep=False).collect()
             times["time/generate"] += pending.generation_seconds()
-            self.generated += sum(t.num_generated_tokens + sum(s.num_generated_tokens for s in t.segments or ())
-                                  for t in trajs)
+            self.generated += generated_tokens(trajs)
             generated += trajs
             order += group_order(trajs)
             informative |= informative_groups(trajs, self.exempt)

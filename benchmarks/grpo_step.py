@@ -11,7 +11,9 @@ Runs (`--only`): ours, ours_compiled (`trainer.compile=true`: compiled decoder l
 one GPU (the first of CUDA_VISIBLE_DEVICES); ours_split (and ours_split_compiled) on two: vLLM on one GPU (smol: two
 instances there, as `smol_math` runs two colocated), the trainer (and reference) on the other, NCCL weight sync, and
 `rollout.max_staleness=1`, so the rollout of step n+1 (and its scoring) runs while step n trains; compared with ours
-(ours_compiled) on one GPU (a split run's median leaves out its last step, which has no next rollout to wait for).
+(ours_compiled) on one GPU (a split run's median leaves out its last step, which has no next rollout to wait for);
+ours_dp2: the same batch data parallel over two GPUs, colocated (two trainer ranks, each with the bench's vLLM
+instances on its GPU, the reference partitioned over them: `trainer.ref_placement=sharded`), against ours.
 Both: bf16 with fp32 master weights, lr 2e-5, vLLM colocated (it sleeps while the trainer trains), the same
 prompts and math-verify reward. Ours runs `python -m launch.train +experiment=smol_math` with overrides (below);
 TRL runs through `benchmarks/learn_real.py --trl-child` with its own defaults otherwise (gradient checkpointing
@@ -19,7 +21,7 @@ on, its vLLM importance-sampling correction on). s/step is the median over steps
 and warm-up). Ours also prints its time per phase and `perf/mfu` (body FLOPs of the train phase, rl/flops.py).
 
     python benchmarks/grpo_step.py --out /tmp/grpo_step [--bench qwen06b smol] [--steps 6]
-        [--only ours ours_compiled trl ours_split ours_split_compiled]
+        [--only ours ours_compiled trl ours_split ours_split_compiled ours_dp2]
 """
 
 from __future__ import annotations
@@ -57,18 +59,29 @@ SPLIT = {
     "smol": {"rollout.placement": "split", "rollout.max_staleness": "1", "rollout.num_workers": "2",
              "rollout.num_gpus": "0.5", "trainer.num_gpus": "1", "rollout.gpu_memory_utilization": "0.3"},
 }
+# ours_dp2: the same batch over two GPUs, data parallel and colocated: two trainer ranks, each with the bench's vLLM
+# instances on its GPU, the reference partitioned over the ranks (its forwards split too)
+def dp2(bench: str) -> dict:
+    workers = next(int(o.split("=")[1]) for o in BENCHES[bench]["ours"] + ["rollout.num_workers=2"]
+                   if o.startswith("rollout.num_workers="))  # smol_math's own: 2
+    return {"trainer.num_processes": "2", "rollout.num_workers": str(2 * workers), "trainer.ref_placement": "sharded"}
+
+
 # ours_compiled: these keys on top of the bench's (one GPU, like ours)
 COMPILED = ["trainer.compile=true"]
 PHASES = ("rollout", "rollout_wait", "reward", "ref", "train", "sync")  # rollout_wait: split runs (max_staleness 1)
-RUNS = ("ours", "ours_compiled", "trl", "ours_split", "ours_split_compiled")
+RUNS = ("ours", "ours_compiled", "trl", "ours_split", "ours_split_compiled", "ours_dp2")
+TWO_GPUS = ("ours_split", "ours_split_compiled", "ours_dp2")
 LABELS = {"ours": "colocated on 1 GPU", "ours_compiled": "colocated on 1 GPU, trainer.compile",
+          "ours_dp2": "colocated on 2 GPUs, data parallel, reference sharded",
           "ours_split": "split on 2 GPUs, max_staleness 1",
           "ours_split_compiled": "split on 2 GPUs, max_staleness 1, trainer.compile"}
 
 
-def split_overrides(bench: str) -> list[str]:
-    keep = [o for o in BENCHES[bench]["ours"] if o.split("=", 1)[0] not in SPLIT[bench]]
-    return keep + [f"{k}={v}" for k, v in SPLIT[bench].items()]
+def replaced(bench: str, keys: dict) -> list[str]:
+    """The bench's overrides with `keys` replacing (or added to) them."""
+    keep = [o for o in BENCHES[bench]["ours"] if o.split("=", 1)[0] not in keys]
+    return keep + [f"{k}={v}" for k, v in keys.items()]
 
 
 def model_path(bench: str, out: Path) -> str:
@@ -100,13 +113,13 @@ def run(cmd: list[str], log: Path, timeout: float, gpus: int = 1) -> float:
 def run_ours(bench: str, path: str, out: Path, steps: int, timeout: float, run_name: str = "ours",
              extra: tuple[str, ...] = ()) -> Path:
     name = f"{bench}-{run_name}"
-    split = run_name.startswith("ours_split")
-    overrides = split_overrides(bench) if split else BENCHES[bench]["ours"]
+    overrides = (replaced(bench, SPLIT[bench]) if run_name.startswith("ours_split")
+                 else replaced(bench, dp2(bench)) if run_name == "ours_dp2" else BENCHES[bench]["ours"])
     if run_name.endswith("_compiled"):
         overrides = overrides + COMPILED
     overrides = overrides + list(extra)
     cmd = ours_command(out / name, steps, [f"model.path={path}", *overrides])
-    wall = run(cmd, out / f"{name}.log", timeout, gpus=2 if split else 1)
+    wall = run(cmd, out / f"{name}.log", timeout, gpus=2 if run_name in TWO_GPUS else 1)
     print(f"  {name.split('-', 1)[1]}: {wall:.0f} s wall", flush=True)
     return out / name / "metrics.jsonl"
 
@@ -134,7 +147,7 @@ def summarize(bench: str, out: Path, name: str = "ours") -> dict:
     s = {"bench": f"{bench}, {LABELS[name]}",
          "ours_steps": steps, "trl_steps": len(trl), "ours": med([r["time/step"] for r in ours[1:]]),
          "trl": med([r["seconds"] for r in trl[1:] if "seconds" in r])}
-    if split:
+    if name in TWO_GPUS:
         one_gpu = summarize(bench, out, "ours_compiled" if name.endswith("_compiled") else "ours")["ours"]
         s["speedup"] = one_gpu / s["ours"] if one_gpu and s["ours"] else None
     for ph in PHASES:
@@ -183,7 +196,7 @@ def main() -> None:
                     run_ours(bench, path, out, args.steps, args.timeout, name, tuple(args.override))
             if "trl" in args.only:
                 run_trl(bench, path, out, args.steps, args.timeout)
-            for name in ("ours_split", "ours_split_compiled"):
+            for name in TWO_GPUS:
                 if name in args.only:
                     run_ours(bench, path, out, args.steps, args.timeout, name, tuple(args.override))
             print(table(summaries(bench, out)), flush=True)

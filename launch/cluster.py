@@ -3,7 +3,8 @@
 Roles, one class each: `rollout.worker.RolloutWorker`, `rewards.worker.RewardWorker`,
 `rollout.judge_worker.JudgeWorker` (when a domain uses the rubric judge), `trainer.policy.PolicyTrainer` (one per
 data-parallel rank) and `trainer.frozen.FrozenModel` (the KL reference, when a domain has kl_coef > 0; and one per
-distinct distillation teacher, algorithm.objective=distill). An objective
+distinct distillation teacher, algorithm.objective=distill; with `trainer.ref_placement=sharded` these live inside
+the trainer ranks instead, partitioned over them, and each rank scores a share of the samples). An objective
 that trains on a dataset (SFT: `Objective.source`) starts the trainer ranks only.
 Rollout and reward workers are stateless apart from weights, so one that dies or hangs is replaced (and re-synced)
 and its share retried once; a dead trainer rank ends the run with a pointer to the last checkpoint. Calls to a
@@ -23,11 +24,11 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from launch.placement import GpuPlacement, check_cpu_reservations, teachers_of
+from launch.placement import GpuPlacement, check_cpu_reservations, teachers_of, tensor_parallel_size
 from rewards.judge import uses_rubric_judge
 from rewards.worker import RewardWorker
 from rl.batching import minibatch_norm, split_even
-from rl.config import engines_per_gpu, is_split_vllm_on_gpu_shares, needs_reference
+from rl.config import engines_per_gpu, frozen_models_sharded, is_split_vllm_on_gpu_shares, needs_reference
 from rl.engine_specs import engine_spec, placement_spec
 from rl.trajectory import Trajectory
 from rollout.judge_worker import JudgeWorker
@@ -271,7 +272,9 @@ class Cluster:
         self._placement = GpuPlacement(cfg)  # colocated: rank i and its workers share GPU i; split: k workers a GPU
         self.rollout = self.rewards = self.judge = self.reference = None
         self.trainers: list = []
-        self.teachers: dict = {}  # teacher model path -> its FrozenModel actor
+        self.teachers: dict = {}  # teacher model path -> its FrozenModel actor (trainer.ref_placement=actor)
+        self.teacher_paths: list[str] = []  # the teachers the run scores with, either placement
+        self.frozen_sharded = frozen_models_sharded(cfg)  # the reference and teachers inside the trainer ranks
         try:
             self._start(cfg, model_path)
         except BaseException:  # an actor that failed to start: stop the ones that did (their GPUs, their CPUs)
@@ -292,10 +295,13 @@ class Cluster:
         trainers_first = is_split_vllm_on_gpu_shares(cfg) and not gpu_judge
         if trainers_first:
             self._start_trainers(cfg, model_path)
-        rollout_cls = ray.remote(num_cpus=r["num_cpus"], num_gpus=r["num_gpus"])(RolloutWorker)
+        # tensor parallel: vLLM's Ray workers hold the instance's GPUs (the rollout worker drives them; placement.py)
+        rollout_gpus = 0 if tensor_parallel_size(cfg) > 1 else r["num_gpus"]
+        rollout_cls = ray.remote(num_cpus=r["num_cpus"], num_gpus=rollout_gpus)(RolloutWorker)
         self.rollout = ActorPool(
             "rollout",
-            lambda i: rollout_cls.options(**self._placement.worker_options(i)).remote(cfg, model_path, i),
+            lambda i: rollout_cls.options(**self._placement.worker_options(i)).remote(
+                cfg, model_path, i, self._placement.worker_env(i)),
             int(r["num_workers"]),
             on_restart=self._reload_worker,
             timeout_s=r.get("timeout_s"),
@@ -343,6 +349,10 @@ class Cluster:
         addr, port = ray.get(self._store.address.remote())
         self.trainers = [trainer_cls.options(**self._placement.options(rank)).remote(cfg, model_path, rank, n, addr, port)
                          for rank in range(n)]
+        if "teacher" in objective_of(cfg).needs:
+            self.teacher_paths = teachers_of(cfg)
+        if self.frozen_sharded:  # built by each trainer rank (PolicyTrainer.frozen)
+            return
         if needs_reference(cfg) and "reference" in objective_of(cfg).needs:
             ref_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
             self.reference = ref_cls.options(**self._placement.options("reference")).remote(cfg, model_path)
@@ -389,10 +399,24 @@ class Cluster:
         return self._get_trainers([self.trainers[0].device_name.remote()])[0]
 
     def ref_logprobs(self, trajs: list[Trajectory]) -> list[np.ndarray]:
+        if self.frozen_sharded:
+            return self._sharded_logprobs("reference", trajs)
         return self._get_trainers(self.reference.logprobs.remote(trajs), "the reference model (FrozenModel)")
 
     def teacher_logprobs(self, path: str, trajs: list[Trajectory]) -> list[np.ndarray]:
+        if self.frozen_sharded:
+            return self._sharded_logprobs(path, trajs)
         return self._get_trainers(self.teachers[path].logprobs.remote(trajs), f"the teacher {path} (FrozenModel)")
+
+    def _sharded_logprobs(self, name: str, trajs: list[Trajectory]) -> list[np.ndarray]:
+        """A frozen model partitioned over the trainer ranks: each rank scores a contiguous share, in order. Every
+        rank needs at least one sample (its forwards gather partitions from all ranks): with fewer samples than ranks
+        the last one is scored again on the ranks left without, and those extra results dropped."""
+        n = len(self.trainers)
+        padded = list(trajs) + [trajs[-1]] * max(0, n - len(trajs))
+        shares = split_even(padded, n)
+        outs = self._get_trainers([a.frozen_logprobs.remote(name, share) for a, share in zip(self.trainers, shares)])
+        return [lp for out in outs for lp in out][:len(trajs)]
 
     def train(self, minibatches: list[list[Trajectory]]) -> list[dict]:
         """Each mini-batch is split evenly across ranks; the loss is normalised by the whole mini-batch."""

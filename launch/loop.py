@@ -60,7 +60,7 @@ def train(cfg: dict) -> dict:
             metrics.update(trainer_metrics(sums, source.domains, int(t["mini_batches"]), objective.metrics))
             times["time/step"] = time.perf_counter() - t0  # all of the step but writing its metrics (and a checkpoint)
             tracker.log({**source.step_metrics(step, times), **metrics})
-            if (t["save_every"] and step % int(t["save_every"]) == 0) or step == total:
+            if checkpoint_due(step, total, t):
                 state = {"step": step, "data": source.state_dict()}
                 save_checkpoint(cluster, state, run_dir, step, int(t["keep_checkpoints"]))
     finally:  # also when start-up failed part-way: close what was started, and free the run_dir
@@ -71,6 +71,12 @@ def train(cfg: dict) -> dict:
                 cluster.shutdown()
             lock.release()
     return summary
+
+
+def checkpoint_due(step: int, total: int, tcfg: dict) -> bool:
+    """After this step: every `trainer.save_every` steps, and after the last one unless `trainer.save_last` is off."""
+    every = int(tcfg["save_every"] or 0)
+    return bool(every and step % every == 0) or (step == total and bool(tcfg.get("save_last", True)))
 
 
 def resume(cluster: Cluster, source, candidates: list[Path]) -> int:

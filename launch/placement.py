@@ -6,7 +6,9 @@
   `rl.config.engines_per_gpu` of them: workers i*k .. i*k+k-1) and trainer rank i share bundle i (their fractional
   `num_gpus` split the GPU); the reference model, the distillation teachers (one FrozenModel per distinct teacher,
   each with `trainer.ref_num_gpus`, like the reference) and the rubric judge join GPU 0 when they ask for a fraction
-  of a GPU (a whole GPU or more is placed outside the group, on a GPU of its own).
+  of a GPU (a whole GPU or more is placed outside the group, on a GPU of its own). With tensor parallel T > 1, one
+  vLLM instance spans the GPUs of T trainer ranks: worker j (taking no GPU itself) runs on bundle j*T, and vLLM's
+  Ray executor puts its T workers (`rollout.num_gpus` each) on bundles j*T .. j*T+T-1 (`worker_env`).
 - split: vLLM workers own their GPUs. With k > 1 instances per rollout GPU (`rollout.num_gpus` = 1/k) a placement
   group holds the rollout GPUs, workers g*k .. g*k+k-1 on bundle g, so that the instances of a GPU are known (the
   weight sync sends to them in waves, launch/weight_sync.py) and Ray cannot spread them over the GPUs the trainer
@@ -19,8 +21,8 @@ from collections.abc import Mapping
 
 from rewards.judge import uses_rubric_judge
 from rl.config import (
-    ConfigError, check_choice, engines_per_gpu, is_colocated_vllm, is_split_vllm_on_gpu_shares, needs_reference,
-    rollout_placement, teacher_paths,
+    ConfigError, check_choice, engines_per_gpu, frozen_models_sharded, is_colocated_vllm, is_split_vllm_on_gpu_shares,
+    needs_reference, rollout_placement, teacher_paths,
 )
 
 
@@ -29,14 +31,23 @@ def check_gpu_layout(cfg: Mapping) -> None:
     r, t = cfg["rollout"], cfg["trainer"]
     if "placement" in r:
         check_choice(r, "placement", "rollout", {"colocated", "split"})
-    if is_colocated_vllm(cfg):
-        if int(r["num_workers"]) % int(t["num_processes"]) or int(r.get("tensor_parallel_size", 1)) != 1:
+    tp = tensor_parallel_size(cfg)
+    if tp > 1 and str(r.get("engine")) != "vllm":  # its Ray workers hold the GPUs: the worker itself sees none
+        raise ConfigError(f"rollout.tensor_parallel_size={tp} needs rollout.engine=vllm (got {r.get('engine')})")
+    if is_colocated_vllm(cfg) and tp > 1:
+        n, w = int(t["num_processes"]), int(r["num_workers"])
+        if n % tp or w * tp != n:
             raise ConfigError(
-                "rollout.placement=colocated puts rollout.num_workers / trainer.num_processes vLLM instances on each "
-                "trainer rank's GPU: it needs rollout.num_workers to be a multiple of trainer.num_processes (got "
-                f"{r['num_workers']} and {t['num_processes']}) and rollout.tensor_parallel_size == 1 (got "
-                f"{r.get('tensor_parallel_size', 1)}); use rollout.placement=split for tensor-parallel rollouts"
+                f"rollout.tensor_parallel_size={tp} with rollout.placement=colocated spreads each vLLM instance over "
+                f"{tp} trainer ranks' GPUs: it needs trainer.num_processes to be a multiple of it and "
+                f"rollout.num_workers = trainer.num_processes / {tp} (got {n} and {w})"
             )
+    elif is_colocated_vllm(cfg) and int(r["num_workers"]) % int(t["num_processes"]):
+        raise ConfigError(
+            "rollout.placement=colocated puts rollout.num_workers / trainer.num_processes vLLM instances on each "
+            "trainer rank's GPU: it needs rollout.num_workers to be a multiple of trainer.num_processes (got "
+            f"{r['num_workers']} and {t['num_processes']})"
+        )
     colocated_shares(cfg)
     if is_split_vllm_on_gpu_shares(cfg) and int(r.get("tensor_parallel_size", 1)) != 1:
         raise ConfigError(
@@ -52,6 +63,8 @@ def check_gpu_layout(cfg: Mapping) -> None:
             f"rollout.gpu_memory_utilization is per vLLM instance, and {k} instances share each GPU ({where}): "
             f"{k} x {r['gpu_memory_utilization']} {short}; lower it (e.g. the one-instance value / k)"
         )
+    if frozen_models_sharded(cfg):  # the reference and teachers live in the trainer ranks: no GPU share of their own
+        return
     if t.get("device") == "cuda" and teachers_of(cfg) and not float(t.get("ref_num_gpus") or 0):
         raise ConfigError("trainer.ref_num_gpus: the distillation teachers (FrozenModel actors, placed like the "
                           "reference) would see no GPU with trainer.device=cuda; give them a GPU share (e.g. "
@@ -61,6 +74,11 @@ def check_gpu_layout(cfg: Mapping) -> None:
             "trainer.ref_num_gpus: the reference model (some domain has kl_coef > 0) would see no GPU with "
             "trainer.device=cuda; give it a GPU share (e.g. trainer.ref_num_gpus=0.1, on GPU 0 when colocated)"
         )
+
+
+def tensor_parallel_size(cfg: Mapping) -> int:
+    """GPUs per vLLM instance (`rollout.tensor_parallel_size`)."""
+    return int(cfg["rollout"].get("tensor_parallel_size") or 1)
 
 
 def teachers_of(cfg: Mapping) -> list[str]:
@@ -81,9 +99,10 @@ def cpu_reservations(cfg: Mapping) -> dict[str, float]:
         return need
     need["rollout.num_workers x rollout.num_cpus"] = int(r["num_workers"]) * float(r["num_cpus"])
     need["rewards.num_actors x rewards.actor_num_cpus"] = int(rw.get("num_actors") or 1) * float(rw.get("actor_num_cpus") or 0)
-    if needs_reference(cfg):
+    own_actors = not frozen_models_sharded(cfg)  # sharded: the reference and teachers run in the trainer ranks
+    if needs_reference(cfg) and own_actors:
         need["trainer.num_cpus (reference)"] = float(t["num_cpus"])
-    if teachers_of(cfg):
+    if teachers_of(cfg) and own_actors:
         need[f"{len(teachers_of(cfg))} x trainer.num_cpus (teachers)"] = len(teachers_of(cfg)) * float(t["num_cpus"])
     if uses_rubric_judge(cfg.get("domains") or {}):
         need["rewards.judge.num_cpus"] = float((rw.get("judge") or {}).get("num_cpus") or 0)
@@ -113,13 +132,14 @@ def colocated_shares(cfg: Mapping) -> dict[str, float]:
                           f"rollout worker's GPU, got {gpus_t}")
     k = engines_per_gpu(cfg)
     shares = {"rollout.num_gpus" if k == 1 else f"{k} x rollout.num_gpus": gpus_r * k, "trainer.num_gpus": gpus_t}
-    extra = {"trainer.ref_num_gpus": float(t.get("ref_num_gpus") or 0) if needs_reference(cfg) else 0.0,
+    own_actors = not frozen_models_sharded(cfg)  # sharded: the reference and teachers take no share of their own
+    extra = {"trainer.ref_num_gpus": float(t.get("ref_num_gpus") or 0) if needs_reference(cfg) and own_actors else 0.0,
              "rewards.judge.num_gpus": float(((cfg.get("rewards") or {}).get("judge") or {}).get("num_gpus") or 0)
              if uses_rubric_judge(cfg.get("domains") or {}) else 0.0}
     shares.update({k: v for k, v in extra.items() if 0 < v < 1})
     # teachers with a fraction of a GPU each all join GPU 0: their sum counts there, however large (it must fit)
     per_teacher = float(t.get("ref_num_gpus") or 0)
-    if teachers_of(cfg) and 0 < per_teacher < 1:
+    if teachers_of(cfg) and own_actors and 0 < per_teacher < 1:
         shares[teacher_share_key(cfg)] = len(teachers_of(cfg)) * per_teacher
     if sum(shares.values()) > 1.0 + 1e-9:
         raise ConfigError("rollout.placement=colocated: the GPU shares on one GPU must sum to <= 1, got "
@@ -139,10 +159,13 @@ class GpuPlacement:
         self.n = 0  # trainer ranks in the group (colocated)
         self.on_gpu0: set[str] = set()
         self.engines = engines_per_gpu(cfg)
+        self.tp = 1  # colocated tensor parallel: GPUs (bundles) per vLLM instance
+        self.gpu_share = 0.0
         r, t = cfg["rollout"], cfg["trainer"]
         shares = colocated_shares(cfg)
         if shares:
             self.n = int(t["num_processes"])
+            self.tp, self.gpu_share = tensor_parallel_size(cfg), float(r["num_gpus"])
             roles = {"reference": "trainer.ref_num_gpus", "judge": "rewards.judge.num_gpus",
                      "teacher": teacher_share_key(cfg)}
             self.on_gpu0 = {role for role, key in roles.items() if key in shares}
@@ -182,8 +205,29 @@ class GpuPlacement:
         return self._bundle(who) if self.pg is not None and who < self.n else {}
 
     def worker_options(self, i: int) -> dict:
-        """Rollout worker i runs on the group's GPU i // engines_per_gpu (colocated: trainer rank i // k's)."""
-        return self._bundle(i // self.engines) if self.pg is not None else {}
+        """Rollout worker i runs on the group's GPU i // engines_per_gpu (colocated: trainer rank i // k's); with
+        tensor parallel T, on GPU i*T, the first of its instance's, and the tasks and actors it starts (vLLM's Ray
+        workers) stay in the group."""
+        if self.pg is None:
+            return {}
+        if self.tp > 1:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=i * self.tp,
+                placement_group_capture_child_tasks=True)}
+        return self._bundle(i // self.engines)
+
+    def worker_env(self, i: int) -> dict[str, str | None]:
+        """Environment for rollout worker i's engine (None: unset). Colocated tensor parallel: vLLM's Ray executor
+        starts one worker per GPU of the instance on bundles i*T .. i*T+T-1 of the group, each with the worker's GPU
+        share (VLLM_RAY_BUNDLE_INDICES, VLLM_RAY_PER_WORKER_GPUS); the rollout worker itself holds no GPU, so the
+        CUDA_VISIBLE_DEVICES Ray gave it must not reach vLLM's workers."""
+        if self.pg is None or self.tp == 1:
+            return {}
+        bundles = range(i * self.tp, (i + 1) * self.tp)
+        return {"VLLM_RAY_BUNDLE_INDICES": ",".join(map(str, bundles)), "VLLM_RAY_PER_WORKER_GPUS": str(self.gpu_share),
+                "CUDA_VISIBLE_DEVICES": None}
 
     def remove(self) -> None:
         if self.pg is not None:

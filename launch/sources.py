@@ -139,9 +139,9 @@ class RolloutSource:
             with timed(times, "ref"):
                 for tr, lp in zip(need_ref, self.cluster.ref_logprobs(need_ref)):
                     tr.ref_logprobs = lp
-        if self.cluster.teachers:  # on-policy distillation: each teacher grades its domains' samples
+        if self.cluster.teacher_paths:  # on-policy distillation: each teacher grades its domains' samples
             with timed(times, "teacher"):
-                for path in self.cluster.teachers:
+                for path in self.cluster.teacher_paths:
                     graded = [tr for tr in self.train if self.cfg["domains"][tr.domain].get("teacher") == path]
                     for tr, lp in zip(graded, self.cluster.teacher_logprobs(path, graded) if graded else []):
                         tr.teacher_logprobs = lp

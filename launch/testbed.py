@@ -36,6 +36,42 @@ MOE_1B = dict(
     rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, output_router_logits=False,
 )
 
+# Large shapes (issue 36): Qwen3-30B-A3B (48 layers, 128 experts, top-8) and Qwen3-4B, as their configs on the hub;
+# `num_hidden_layers` may be cut (`with_layers`) so that a shape's training state just outgrows one GPU.
+QWEN3_30B_A3B = dict(
+    model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+    num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936, max_position_embeddings=40960,
+    rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, output_router_logits=False,
+)
+QWEN3_4B = dict(
+    model_type="qwen3", hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
+    rms_norm_eps=1e-6, tie_word_embeddings=True,
+)
+
+
+def with_layers(spec: dict, layers: int | None) -> dict:
+    """`spec` cut to its first `layers` decoder layers (None: as it is)."""
+    return spec if not layers else {**spec, "num_hidden_layers": int(layers)}
+
+
+def parameter_count(spec: dict) -> tuple[int, int]:
+    """(all parameters, parameters one token multiplies through) of a Qwen3 / Qwen3-MoE shape, from its config keys:
+    embeddings and head, attention with its q/k norms, the routed experts (all of them / top-k) and the router."""
+    h, L, v = spec["hidden_size"], spec["num_hidden_layers"], spec["vocab_size"]
+    dh = spec["head_dim"]
+    attn = h * dh * (2 * spec["num_attention_heads"] + 2 * spec["num_key_value_heads"]) + 2 * dh + 2 * h
+    dense = 3 * h * spec["intermediate_size"]
+    moe = spec["model_type"] == "qwen3_moe"
+    dense_layers = len(spec.get("mlp_only_layers") or []) if moe else L
+    expert = 3 * h * spec.get("moe_intermediate_size", 0)
+    router = h * spec.get("num_experts", 0)
+    mlp_all = dense * dense_layers + (L - dense_layers) * (spec.get("num_experts", 0) * expert + router)
+    mlp_active = dense * dense_layers + (L - dense_layers) * (spec.get("num_experts_per_tok", 0) * expert + router)
+    head = v * h * (1 if spec.get("tie_word_embeddings") else 2) + h
+    return head + L * attn + mlp_all, head + L * attn + mlp_active
+
 
 def build_model(out_dir: str | Path, spec: dict, seed: int = 0) -> str:
     """Random-weight bf16 model (on the GPU when there is one) + the locally built tokenizer in out_dir; kept

@@ -26,8 +26,8 @@ class VLLMWeightSync:
     def __init__(self, cfg: dict, workers: list, trainers: list):
         r = cfg["rollout"]
         self.workers, self.trainers = workers, list(trainers)  # workers: the pool's live list (restarts replace entries)
-        # The placement rules (each rank's GPU holds its workers, TP 1 when colocated, k instances per rollout GPU
-        # when split) were checked at start (launch/placement.py).
+        # The placement rules (each rank's GPU holds its workers, or one tensor-parallel rank of an instance; k
+        # instances per rollout GPU when split) were checked at start (launch/placement.py).
         colocated = rollout_placement(r) == "colocated"
         self.backend = "ipc" if colocated else "nccl"
         self.tp = int(r.get("tensor_parallel_size", 1))

@@ -196,7 +196,7 @@ def validate(cfg: Mapping) -> None:
     for key in ("pack_sequences", "gradient_checkpointing"):
         if key in t:
             check_choice(t, key, "trainer", AUTO_BOOL)
-    for key in ("coalesce_grad_reduction", "fused_adam"):
+    for key in ("coalesce_grad_reduction", "fused_adam", "save_last"):
         if key in t:
             check_choice(t, key, "trainer", {True, False})
     if "compile" in t:
@@ -206,6 +206,8 @@ def validate(cfg: Mapping) -> None:
                               "gather its parameters, and each hook inside a compiled layer breaks its graph")
     if "logprob_head" in t:
         check_choice(t, "logprob_head", "trainer", {"support", "dense"})
+    if "ref_placement" in t:
+        check_choice(t, "ref_placement", "trainer", {"actor", "sharded"})
     if dataset:
         validate_sft(a)
     else:
@@ -269,6 +271,13 @@ def needs_reference(cfg: Mapping) -> bool:
     if trains_on_dataset(cfg):
         return False
     return any(float(d["kl_coef"]) > 0 for d in (cfg.get("domains") or {}).values())
+
+
+def frozen_models_sharded(cfg: Mapping) -> bool:
+    """`trainer.ref_placement: sharded`: the reference and the distillation teachers live in the trainer ranks,
+    their parameters partitioned over the ranks (ZeRO-3 inference, trainer/frozen.py), instead of one whole copy in
+    an actor of their own (`actor`, the default) with a GPU share (`trainer.ref_num_gpus`)."""
+    return str((cfg.get("trainer") or {}).get("ref_placement") or "actor") == "sharded"
 
 
 def rollout_placement(rcfg: Mapping) -> str:

@@ -28,13 +28,9 @@ def judge_from_engine(engine, **kwargs) -> RubricJudge:
     return RubricJudge(engine.tokenizer, generate_texts, getattr(engine, "next_token_logprobs", None), **kwargs)
 
 
-def build_judge(cfg: Mapping, model_path: str | None = None) -> RubricJudge:
-    """RubricJudge from the resolved config: `rewards.judge` + `rollout`/`model` as the engine's defaults.
-
-    Model: `rewards.judge.model`, else `model_path` (the driver's resolved policy path), else `model.path`.
-    The engine comes from `rollout.engines.make_engine`, so `rollout.engine` (or `rewards.judge.engine`) picks
-    vLLM on GPU and transformers on CPU, exactly like the rollout workers.
-    """
+def judge_engine_config(cfg: Mapping, model_path: str | None = None) -> tuple[dict, dict, str]:
+    """(rollout section, model section, model path) the judge's engine is built from: the run's, with the judge's own
+    keys (`rewards.judge`) and what a judge never does (sleep, sync, capture, span GPUs) taken out."""
     j = judge_config(cfg.get("rewards"))
     mcfg = dict(cfg.get("model") or {})
     path = resolve_model_path(j["model"] or model_path or mcfg.get("path") or "embedded:tiny-moe")
@@ -45,11 +41,25 @@ def build_judge(cfg: Mapping, model_path: str | None = None) -> RubricJudge:
     rcfg["device"] = j["device"] or rcfg["device"]
     rcfg["max_batch_size"] = int(j["batch_size"] or rcfg["max_batch_size"])
     rcfg["enable_sleep_mode"] = False  # the judge keeps its weights; nothing syncs into it
+    # one GPU (its share, rewards.judge.num_gpus): the rollout's tensor parallelism spans the trainer ranks' GPUs
+    rcfg["tensor_parallel_size"] = 1
     rcfg["logprobs"] = 1  # vLLM: the judge needs no Keep-Sampling-Mask capture
     if j["gpu_memory_utilization"]:
         rcfg["gpu_memory_utilization"] = j["gpu_memory_utilization"]
     mcfg["dtype"] = j["dtype"] or mcfg.get("dtype") or "float32"
     mcfg.setdefault("attn_implementation", "sdpa")
+    return rcfg, mcfg, path
+
+
+def build_judge(cfg: Mapping, model_path: str | None = None) -> RubricJudge:
+    """RubricJudge from the resolved config: `rewards.judge` + `rollout`/`model` as the engine's defaults.
+
+    Model: `rewards.judge.model`, else `model_path` (the driver's resolved policy path), else `model.path`.
+    The engine comes from `rollout.engines.make_engine`, so `rollout.engine` (or `rewards.judge.engine`) picks
+    vLLM on GPU and transformers on CPU, exactly like the rollout workers.
+    """
+    j = judge_config(cfg.get("rewards"))
+    rcfg, mcfg, path = judge_engine_config(cfg, model_path)
     engine = make_engine(rcfg, mcfg, path, record_routes=False, seed=int(cfg.get("seed") or 0))
     judge = judge_from_engine(engine, mode=j["mode"], score_max=int(j["score_max"]),
                               max_prompt_tokens=int(j["max_prompt_tokens"]), max_new_tokens=int(j["max_new_tokens"]),

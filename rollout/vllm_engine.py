@@ -222,6 +222,12 @@ class VLLMEngine:
             enforce_eager=bool(enforce_eager),
             seed=int(seed),
         )
+        if int(tensor_parallel_size) > 1 and "distributed_executor_backend" not in (extra_args or {}):
+            # vLLM's Ray executor: one Ray worker per GPU, placed where the run's placement group says
+            # (launch/placement.py). The engine core runs in this process, not in a subprocess of its own, so the
+            # executor finds this actor's placement group and the Ray connection it already has
+            kwargs["distributed_executor_backend"] = "ray"
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if self.record_routes:
             kwargs["enable_return_routed_experts"] = True
         if max_model_len:

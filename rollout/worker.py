@@ -10,6 +10,7 @@ only with `rollout.per_request_seed=true`, which is slower; otherwise the engine
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import numpy as np
@@ -29,7 +30,14 @@ EARLY_WAIT_S = 0.2
 
 
 class RolloutWorker:
-    def __init__(self, cfg: dict, model_path: str, rank: int):
+    def __init__(self, cfg: dict, model_path: str, rank: int, env: dict[str, str | None] | None = None):
+        """`env`: variables set (None: unset) before the engine starts: where a tensor-parallel vLLM instance's Ray
+        workers go (launch.placement.GpuPlacement.worker_env)."""
+        for key, value in (env or {}).items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         rcfg = cfg["rollout"]
         if rcfg.get("threads"):
             torch.set_num_threads(int(rcfg["threads"]))

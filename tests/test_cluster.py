@@ -168,6 +168,50 @@ class GpuProbe:
         return ray.get_gpu_ids()
 
 
+@ray.remote
+class TensorParallelProbe:
+    """Stands in for a rollout worker of a tensor-parallel vLLM instance: starts one child per GPU of the instance
+    the way vLLM's Ray executor does (in the current placement group, on the bundles and with the GPU share of
+    VLLM_RAY_BUNDLE_INDICES / VLLM_RAY_PER_WORKER_GPUS)."""
+
+    def __init__(self, env: dict):
+        self.env = env
+
+    def children_gpu_ids(self) -> tuple[list, list]:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        pg = ray.util.get_current_placement_group()
+        assert pg is not None, "the worker's children would not see the run's placement group"
+        share = float(self.env["VLLM_RAY_PER_WORKER_GPUS"])
+        kids = [GpuProbe.options(num_gpus=share, num_cpus=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=pg, placement_group_bundle_index=int(b))).remote()
+            for b in self.env["VLLM_RAY_BUNDLE_INDICES"].split(",")]
+        return ray.get_gpu_ids(), ray.get([k.gpu_ids.remote() for k in kids])
+
+
+def test_colocated_tensor_parallel_instance_spans_its_trainer_ranks_gpus(ray_local):
+    """rollout.tensor_parallel_size=2 colocated: the worker (no GPU of its own) starts in the run's placement group,
+    and its instance's two Ray workers land on trainer rank 0's and rank 1's GPUs, each with a rollout share."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=[
+            "+experiment=mixed_rl", "rollout=vllm", "trainer.num_processes=2", "rollout.num_workers=1",
+            "rollout.tensor_parallel_size=2", "rollout.num_gpus=0.4", "trainer.num_gpus=0.4",
+            "trainer.ref_placement=sharded", "rewards.judge.num_gpus=0.1", "rollout.num_cpus=0.25",
+            "trainer.num_cpus=0.25"]), resolve=True)
+    check_gpu_layout(cfg)
+    placement = GpuPlacement(cfg)
+    try:
+        env = placement.worker_env(0)
+        assert env == {"VLLM_RAY_BUNDLE_INDICES": "0,1", "VLLM_RAY_PER_WORKER_GPUS": "0.4", "CUDA_VISIBLE_DEVICES": None}
+        worker = TensorParallelProbe.options(num_gpus=0, num_cpus=0.25, **placement.worker_options(0)).remote(env)
+        trainers = [GpuProbe.options(num_gpus=0.4, num_cpus=0.25, **placement.options(i)).remote() for i in range(2)]
+        own, children = ray.get(worker.children_gpu_ids.remote(), timeout=60)
+        trainer_gpus = [ray.get(t.gpu_ids.remote(), timeout=60) for t in trainers]
+        assert own == [] and children == trainer_gpus and trainer_gpus[0] != trainer_gpus[1], (children, trainer_gpus)
+    finally:
+        placement.remove()
+
+
 @pytest.mark.parametrize("per_gpu", [1, 2])
 def test_colocated_placement_pairs_workers_with_trainer_ranks(ray_local, per_gpu):
     """Rollout workers i*k .. i*k+k-1 share trainer rank i's GPU (k = rollout.num_workers / trainer.num_processes

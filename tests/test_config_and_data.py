@@ -73,12 +73,23 @@ VLLM_COLOCATED = ("rollout=vllm", "trainer.num_gpus=0.4", "rollout.num_gpus=0.4"
         # ... and a tensor-parallel instance cannot run on half a GPU
         (("rollout.placement=split", "rollout.num_gpus=0.5", "rollout.tensor_parallel_size=2"),
          r"tensor_parallel_size == 1"),
+        # colocated tensor parallel: one instance over every T trainer GPUs
+        (("rollout.tensor_parallel_size=2", "trainer.num_processes=2", "rollout.num_workers=2"),
+         r"rollout\.num_workers = trainer\.num_processes / 2 \(got 2 and 2\)"),
+        (("rollout.tensor_parallel_size=3", "trainer.num_processes=4", "rollout.num_workers=1"),
+         r"multiple of it"),
+        (("rollout.tensor_parallel_size=2", "trainer.num_processes=2", "rollout.num_workers=1", "rollout.engine=auto"),
+         r"rollout\.tensor_parallel_size=2 needs rollout\.engine=vllm"),
+        (("trainer.ref_placement=beside",), r"trainer\.ref_placement"),
         (("rollout.placement=spread",), r"rollout\.placement"),
         (("rollout.max_staleness=1",), r"rollout\.max_staleness.*colocated vLLM"),
     ],
 )
 def test_bad_gpu_layout_names_the_key(overrides, match):
     check_config(composed(*VLLM_COLOCATED))  # the layout itself is fine: 0.4 + 0.4 + 0.1 + 0.1
+    # and so is one tensor-parallel instance over two trainer GPUs, the reference sharded over the ranks
+    check_config(composed(*VLLM_COLOCATED, "rollout.tensor_parallel_size=2", "trainer.num_processes=2",
+                          "rollout.num_workers=1", "trainer.ref_placement=sharded", "trainer.zero_stage=3"))
     with pytest.raises(ConfigError, match=match):
         check_config(composed(*VLLM_COLOCATED, *overrides))
 

@@ -96,3 +96,23 @@ def test_perf_meter_counts_every_trained_token():
     assert again["perf/train_tflops_per_gpu"] == pytest.approx(m["perf/train_tflops_per_gpu"] * 4 / 3)
     assert "perf/mfu" not in again and "throughput/ref_tokens_per_s" not in again
     assert PerfMeter(None, 1.0, 1, False).metrics(trajs, [], times) == {"throughput/train_tokens_per_s": 20.0}
+
+
+@pytest.mark.parametrize("name", ["MOE_SMALL", "QWEN3_06B", "QWEN3_30B_A3B", "QWEN3_4B"])
+def test_parameter_count_of_the_benchmark_shapes_is_the_models_own(name):
+    """launch.testbed.parameter_count (benchmarks/large_shape.py prints it) against the model transformers builds
+    from the same config (on the meta device: no memory), the large shapes cut to 2 layers; and the active count of an
+    MoE shape is its count with top-k experts in place of all of them."""
+    import launch.testbed as tb
+
+    spec = tb.with_layers({"vocab_size": 2048, **getattr(tb, name)}, 2 if name in ("QWEN3_30B_A3B", "QWEN3_4B") else None)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**spec))
+    total, active = tb.parameter_count(spec)
+    assert total == sum(p.numel() for p in model.parameters())
+    if "num_experts" in spec:
+        dense_layers = len(spec.get("mlp_only_layers") or [])
+        unused = (spec["num_experts"] - spec["num_experts_per_tok"]) * 3 * spec["hidden_size"] * spec["moe_intermediate_size"]
+        assert total - active == (spec["num_hidden_layers"] - dense_layers) * unused
+    else:
+        assert active == total

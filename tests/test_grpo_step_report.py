@@ -27,12 +27,24 @@ def grpo_step(monkeypatch):
 
 @pytest.mark.parametrize("bench, engines", [("smol", 2), ("qwen06b", 1)])
 def test_split_runs_are_layouts_the_run_accepts(grpo_step, bench, engines):
-    overrides = grpo_step.split_overrides(bench)
+    overrides = grpo_step.replaced(bench, grpo_step.SPLIT[bench])
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = OmegaConf.to_container(compose(config_name="train", overrides=[
             "+experiment=smol_math", "model.path=/nonexistent", *overrides]), resolve=True)
     assert cfg["rollout"]["placement"] == "split" and cfg["rollout"]["max_staleness"] == 1
     assert engines_per_gpu(cfg) == engines
+    check_config(cfg)
+
+
+@pytest.mark.parametrize("bench, engines", [("smol", 2), ("qwen06b", 1)])
+def test_data_parallel_runs_are_layouts_the_run_accepts(grpo_step, bench, engines):
+    """ours_dp2: the bench's instances on each of two trainer GPUs, the reference partitioned over the two ranks."""
+    overrides = grpo_step.replaced(bench, grpo_step.dp2(bench))
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=[
+            "+experiment=smol_math", "model.path=/nonexistent", *overrides]), resolve=True)
+    assert cfg["rollout"]["placement"] == "colocated" and cfg["trainer"]["num_processes"] == 2
+    assert cfg["trainer"]["ref_placement"] == "sharded" and engines_per_gpu(cfg) == engines
     check_config(cfg)
 
 
@@ -49,8 +61,11 @@ def test_split_throughput_is_against_the_one_gpu_run_with_the_same_trainer(grpo_
     # a split run's last step waits for no next rollout: short, and left out of its median
     _metrics(tmp_path / "smol-ours_split", [20.0, 0.9, 1.1, 0.3])
     _metrics(tmp_path / "smol-ours_split_compiled", [20.0, 0.7, 0.9, 0.3])
+    _metrics(tmp_path / "smol-ours_dp2", [25.0, 1.1, 1.1, 1.1])
     rows = {s["bench"]: s for s in grpo_step.summaries("smol", tmp_path)}
     assert rows["smol, colocated on 1 GPU"]["ours"] == 2.0  # median of steps 2.. (step 1 compiles and warms up)
     assert rows["smol, split on 2 GPUs, max_staleness 1"]["speedup"] == pytest.approx(2.0)
     assert rows["smol, split on 2 GPUs, max_staleness 1, trainer.compile"]["speedup"] == pytest.approx(2.0)
+    # data parallel: every step counts (no step waits on a next rollout), against the eager one-GPU run
+    assert rows["smol, colocated on 2 GPUs, data parallel, reference sharded"]["speedup"] == pytest.approx(2.0 / 1.1)
     assert "2.00x" in grpo_step.table(list(rows.values()))

@@ -54,6 +54,13 @@ PLACEMENTS = {
     "colocated-2nodes": ["rollout.placement=colocated", "rollout.num_gpus=0.4", "trainer.num_gpus=0.4",
                          "trainer.num_processes=2", "rollout.num_workers=2", "trainer.ref_num_gpus=0.1",
                          "rewards.judge.num_gpus=0.1", "rollout.gpu_memory_utilization=0.25"],
+    # two GPUs, one vLLM instance over both (tensor parallel 2, its Ray workers on the ranks' GPUs), ZeRO-3 ranks
+    # (the weight sync gathers each bucket on every rank, each rank's GPU sends its own copy by CUDA IPC) and the
+    # reference partitioned over the ranks
+    "colocated-tp2": ["rollout.placement=colocated", "rollout.num_gpus=0.4", "trainer.num_gpus=0.4",
+                      "trainer.num_processes=2", "rollout.num_workers=1", "rollout.tensor_parallel_size=2",
+                      "trainer.zero_stage=3", "trainer.ref_placement=sharded", "rewards.judge.num_gpus=0.1",
+                      "rollout.gpu_memory_utilization=0.25"],
     # two GPUs: vLLM owns one; the trainer, the reference and the judge share the other
     "split": ["rollout.placement=split", "rollout.num_gpus=1", "trainer.num_gpus=0.5", "trainer.ref_num_gpus=0.25",
               "rewards.judge.num_gpus=0.25", "rollout.gpu_memory_utilization=0.5"],
@@ -81,7 +88,9 @@ def test_launch_train_on_vllm(placement, model_path, tmp_path):
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
         if nodes:  # every actor of the run, by the node it ran on: trainer ranks and rollout workers on both
             placed = actors_by_node(address)
-    assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-8000:])
+    worker_log = run_dir / "train.log"  # the actors' own output (logger.worker_logs=file)
+    assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-8000:],
+                                  worker_log.read_text()[-12000:] if worker_log.exists() else "no train.log")
     if nodes:
         print(f"[{placement}] actors by node: {placed}")
         assert len(placed) == 2 and all({"PolicyTrainer", "RolloutWorker"} <= set(p) for p in placed.values()), placed

@@ -95,3 +95,12 @@ def test_cli_start_up_errors(override, key, tmp_path):
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
 
+
+def test_checkpoints_every_n_steps_and_after_the_last_unless_told_not_to():
+    from launch.loop import checkpoint_due
+
+    due = lambda **t: [s for s in range(1, 8) if checkpoint_due(s, 7, {"save_every": 3, **t})]  # noqa: E731
+    assert due() == [3, 6, 7]
+    assert due(save_last=False) == [3, 6]  # trainer.save_last=false: a benchmark of a large model skips the last
+    assert [s for s in range(1, 8) if checkpoint_due(s, 7, {"save_every": 0})] == [7]
+

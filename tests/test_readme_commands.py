@@ -21,7 +21,8 @@ from launch.config import check_config, compose
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-PLACEHOLDERS = {"DOMAIN": "agent", "[ENV]": "smoke", "<your math set>": "rl/bundled/math.jsonl"}
+PLACEHOLDERS = {"DOMAIN": "agent", "[ENV]": "smoke", "<your math set>": "rl/bundled/math.jsonl",
+                "<your model>": "embedded:tiny-moe"}
 
 # Commands CI runs itself (.ci/run): the install and the test command.
 RUN_BY_CI = {'pip install -e ".[test]"', 'pytest -m "not gpu"'}
@@ -73,13 +74,18 @@ def readme_commands() -> list[str]:
     return found
 
 
+CLUSTER_KEY = "python -m launch.train +experiment=mixed_rl ray.address=auto"
+TENSOR_PARALLEL_KEY = "python -m launch.train +experiment=mixed_rl (tensor parallel 2, reference sharded)"
+
+
 def _key(command: str) -> str:
-    """The GPU cluster command is long: it is known by its start."""
-    return "python -m launch.train +experiment=mixed_rl ray.address=auto" if "ray.address=auto" in command else command
+    """The GPU cluster commands are long: each is known by what sets it apart."""
+    if "ray.address=auto" in command:
+        return CLUSTER_KEY
+    return TENSOR_PARALLEL_KEY if "rollout.tensor_parallel_size=2" in command else command
 
 
-KNOWN = RUN_BY_CI | GPU_ONLY | RUN_FAST | RUN_SLOW | CONFIG_ONLY | NAMED_ONLY | {
-    "python -m launch.train +experiment=mixed_rl ray.address=auto"}
+KNOWN = RUN_BY_CI | GPU_ONLY | RUN_FAST | RUN_SLOW | CONFIG_ONLY | NAMED_ONLY | {CLUSTER_KEY, TENSOR_PARALLEL_KEY}
 
 
 def test_every_readme_command_has_a_check():
@@ -123,6 +129,12 @@ def test_the_gpu_cluster_command_passes_the_config_checks():
     (command,) = [c for c in readme_commands() if "ray.address=auto" in c]
     cfg = _check_like_a_run(command)
     assert cfg["trainer"]["num_processes"] == 8 and cfg["rollout"]["engine"] == "vllm"
+
+
+def test_the_tensor_parallel_command_passes_the_config_checks():
+    (command,) = [c for c in readme_commands() if _key(c) == TENSOR_PARALLEL_KEY]
+    cfg = _check_like_a_run(command)
+    assert cfg["rollout"]["tensor_parallel_size"] == 2 and cfg["trainer"]["ref_placement"] == "sharded"
 
 
 def test_cfg_job_prints_the_config_resolved(tmp_path):

@@ -226,3 +226,16 @@ def test_judge_worker_from_config(tiny_moe_path):
     assert w.ready() and w.judge.mode == "expected"
     out = w.score(requests())
     assert len(out) == 2 and all(0 <= r["score"] <= 1 for r in out)
+
+
+def test_the_judge_runs_on_its_own_gpu_share_whatever_the_rollouts_parallelism(tiny_moe_path):
+    """A tensor-parallel rollout (one vLLM instance over the trainer ranks' GPUs) must not make the judge ask for
+    several GPUs: its actor holds one share (rewards.judge.num_gpus), and such a judge waited for GPUs forever."""
+    from rollout.judge_worker import judge_engine_config
+
+    cfg = {"rewards": {"judge": {"model": None, "gpu_memory_utilization": 0.1}},
+           "model": {"path": "embedded:tiny-moe", "dtype": "bfloat16"},
+           "rollout": {"engine": "vllm", "tensor_parallel_size": 2, "enable_sleep_mode": True, "top_k": 32}}
+    rcfg, mcfg, path = judge_engine_config(cfg, tiny_moe_path)
+    assert rcfg["tensor_parallel_size"] == 1 and rcfg["enable_sleep_mode"] is False and rcfg["engine"] == "auto"
+    assert rcfg["gpu_memory_utilization"] == 0.1 and path == tiny_moe_path and mcfg["dtype"] == "bfloat16"

@@ -8,6 +8,12 @@ routes: off, pi_ref is the reference model's own distribution (its router picks 
 KL penalty is meant to anchor to; on, pi_ref is evaluated under the policy's expert choices, which hides router
 drift from the KL and is only useful for comparison. Kept sets are applied when the batch carries them, exactly as
 for the policy.
+
+Two placements (`trainer.ref_placement`): `actor`, a whole copy in a Ray actor of its own (`trainer.ref_num_gpus`);
+`sharded`, one FrozenModel in every trainer rank (`PolicyTrainer`), its parameters partitioned over the ranks by
+DeepSpeed ZeRO-3 (inference: no optimizer, no gradients) and gathered layer by layer during the forward, so a model
+whose copy does not fit one GPU next to the policy still scores. The gathers are collectives: every rank runs the
+same number of forwards (`_chunks` agrees on it), and the driver gives every rank at least one sample.
 """
 
 from __future__ import annotations
@@ -21,24 +27,51 @@ from rl.config import (head_options, logprob_temperature, micro_batch_memory, pa
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
 from trainer.dist import auto_micro_batch_counts, pick_device, release_cached_memory
-from trainer.forward import compile_layers, forward_logprobs, logit_scale, route_replay
+from trainer.forward import PolicyForward, compile_layers, forward_logprobs, logit_scale, route_replay
 from trainer.payload import fetch_heavy
 
 
+def zero3_inference_config(dtype: str) -> dict:
+    """DeepSpeed config of a partitioned model that is only run forward (no optimizer: ZeRO-3's parameter offload
+    manager alone, which gathers each submodule's parameters around its forward)."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        # every parameter partitioned, however small (the default keeps those under 100k elements whole on each rank)
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "bf16": {"enabled": dtype == "bfloat16"},
+        "fp16": {"enabled": dtype == "float16"},
+        "steps_per_print": 10**9,
+    }
+
+
 class FrozenModel:
-    def __init__(self, cfg: dict, model_path: str, role: str = "reference"):
+    def __init__(self, cfg: dict, model_path: str, role: str = "reference", sharded: bool = False):
+        """`sharded`: built inside a trainer rank, torch.distributed already set up (see the module's docstring)."""
         self.cfg = cfg
-        if cfg["trainer"].get("threads"):
+        if cfg["trainer"].get("threads") and not sharded:
             torch.set_num_threads(int(cfg["trainer"]["threads"]))
         self.device = pick_device(cfg["trainer"]["device"])
         self.tokenizer = load_tokenizer(model_path)
+        self.sharded = sharded
         self.model = load_causal_lm(
-            model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"), self.device
+            model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"),
+            "cpu" if sharded else self.device,  # DeepSpeed moves each partition to the rank's GPU
         ).eval()
         self.model.requires_grad_(False)
-        if cfg["trainer"].get("compile"):
+        scale = logit_scale(self.model)  # before ZeRO-3 partitions the weights
+        if cfg["trainer"].get("compile") and not sharded:  # rl/config.py: compile needs whole weights
             compile_layers(self.model)
-        self.temperature = logprob_temperature(cfg["rollout"]) / logit_scale(self.model)
+        self.engine = None
+        if sharded:
+            import deepspeed
+
+            module = PolicyForward(self.model)
+            self.engine = deepspeed.initialize(model=module, config=zero3_inference_config(cfg["model"]["dtype"]))[0]
+            module.register_zero3_external_head()  # the chunked logprob reads the head's weight directly
+            self.engine.eval()
+            self.device = str(self.engine.device)
+        self.temperature = logprob_temperature(cfg["rollout"]) / scale
         acfg = cfg["algorithm"]
         self.replay_routes = role == "reference" and bool(acfg["keep_routing"]) and bool(acfg["ref_keep_routing"])
         # Kept sets (Keep Sampling Mask) are applied to a teacher too: its logprob renormalised over the student's kept
@@ -46,7 +79,8 @@ class FrozenModel:
         # gradient's expectation unchanged (E[grad log pi] = 0) and takes that constant out of its variance
         self.packed = pack_sequences(cfg)
         self.head = head_options(cfg)
-        self.colocated = rollout_placement(cfg["rollout"]) == "colocated"  # vLLM wakes up after us
+        # vLLM wakes up after us; sharded, the policy trains next in this same process and reuses the cache
+        self.colocated = rollout_placement(cfg["rollout"]) == "colocated" and not sharded
         # Packed rows without varlen attention get a block-diagonal mask over their whole length (memory grows with its
         # square, which the estimate does not count): then the forwards are sized like the trainer's micro-batches
         self.forward_only_estimate = not self.packed or varlen_attention(cfg)
@@ -66,8 +100,11 @@ class FrozenModel:
                 batch.routed_experts = batch.route_valid = None
             batch = batch.to(self.device)
             with route_replay(self.model, batch, self.replay_routes):
-                res = forward_logprobs(self.model, batch, temperature=self.temperature, **self.head)
-            logp = res.logprobs.float().cpu().numpy()
+                if self.engine is not None:  # through DeepSpeed's module: its hooks gather each layer's partitions
+                    logp = self.engine(batch, temperature=self.temperature, **self.head)[0]
+                else:
+                    logp = forward_logprobs(self.model, batch, temperature=self.temperature, **self.head).logprobs
+            logp = logp.float().cpu().numpy()
             bounds = np.cumsum([0] + [t.num_response_tokens for t in chunk])
             for t, a, b in zip(chunk, bounds[:-1], bounds[1:]):
                 out[at[id(t)]] = logp[a:b]
@@ -84,9 +121,22 @@ class FrozenModel:
         packed without varlen attention, the trainer's estimate, see `forward_only_estimate`)."""
         layout = "packed" if self.packed else "padded"
         size = self.cfg["trainer"]["micro_batch_size"]
+        budget = None
         if str(size) != "auto":
-            return micro_batches(trajs, -(-len(trajs) // int(size)), layout)
-        (n,), budget = auto_micro_batch_counts([trajs], layout, self.device, self.model.config,
-                                               self.cfg["model"]["dtype"], self.head, micro_batch_memory(self.cfg),
-                                               self.forward_only_estimate)
+            n = -(-len(trajs) // int(size))
+        else:
+            (n,), budget = auto_micro_batch_counts([trajs], layout, self.device, self.model.config,
+                                                   self.cfg["model"]["dtype"], self.head, micro_batch_memory(self.cfg),
+                                                   self.forward_only_estimate)
+        if self.sharded and torch.distributed.get_world_size() > 1:
+            n = agreed_forward_count(n, len(trajs), self.device)
         return micro_batches(trajs, n, layout, budget)
+
+
+def agreed_forward_count(n: int, samples: int, device) -> int:
+    """The number of forwards every rank of a sharded model runs: as many as any rank needs, but no more than the
+    smallest share has samples (every forward gathers each layer's partitions from all ranks, so a rank that ran
+    one forward fewer would leave the others waiting in a gather)."""
+    both = torch.tensor([n, -samples], device=device, dtype=torch.long)
+    torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
+    return max(1, min(int(both[0]), -int(both[1])))

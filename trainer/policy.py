@@ -19,8 +19,8 @@ import torch
 
 from rl.batching import micro_batches, micro_batches_per_minibatch, per_rank_samples
 from rl.config import (
-    engine_memory_share, engines_per_gpu, head_options, logprob_temperature, micro_batch_memory, pack_sequences,
-    rollout_placement,
+    engine_memory_share, engines_per_gpu, frozen_models_sharded, head_options, logprob_temperature, micro_batch_memory,
+    needs_reference, pack_sequences, rollout_placement, teacher_paths,
 )
 from rl.memory import activation_bytes, head_logit_bytes, micro_batch_tokens, should_checkpoint
 from rl.metrics import TrainStatSums, forward_sums
@@ -31,6 +31,7 @@ from trainer.dist import (
     release_cached_memory,
 )
 from trainer.forward import ForwardOut, PolicyForward, compile_layers, logit_scale, route_replay
+from trainer.frozen import FrozenModel
 from trainer.profiling import profiled
 from trainer.objectives import objective_of
 from trainer.payload import fetch_heavy
@@ -156,9 +157,23 @@ class PolicyTrainer:
         self.head = head_options(cfg)  # chunk size, float32 head, support-only head
         self.packed = pack_sequences(cfg)  # one unpadded row per micro-batch (trainer.pack_sequences)
         self.profile_step, self.steps_run = int(tcfg.get("profile_step") or 0), 0
+        # trainer.ref_placement=sharded: the reference and the distillation teachers live here, partitioned over the
+        # ranks (trainer/frozen.py); by name: "reference", or a teacher's model path
+        self.frozen: dict[str, FrozenModel] = {}
+        if frozen_models_sharded(cfg):
+            if needs_reference(cfg) and "reference" in self.objective.needs:
+                self.frozen["reference"] = FrozenModel(cfg, model_path, "reference", sharded=True)
+            if "teacher" in self.objective.needs:
+                for path in teacher_paths(cfg):
+                    self.frozen[path] = FrozenModel(cfg, path, "teacher", sharded=True)
 
     def ready(self) -> int:
         return self.rank
+
+    def frozen_logprobs(self, name: str, trajs: list[Trajectory]) -> list[np.ndarray]:
+        """This rank's share of a sharded frozen model's scoring (`name`: "reference" or a teacher's path); every
+        rank must be called, each with at least one sample (its forwards gather partitions from all ranks)."""
+        return self.frozen[name].logprobs(trajs)
 
     def device_name(self) -> str:
         """The GPU's name (for its peak FLOP/s, perf/mfu), "cpu" on CPU."""

@@ -73,7 +73,7 @@ PHASES = ("rollout", "rollout_wait", "reward", "ref", "train", "sync")  # rollou
 RUNS = ("ours", "ours_compiled", "trl", "ours_split", "ours_split_compiled", "ours_dp2")
 TWO_GPUS = ("ours_split", "ours_split_compiled", "ours_dp2")
 LABELS = {"ours": "colocated on 1 GPU", "ours_compiled": "colocated on 1 GPU, trainer.compile",
-          "ours_dp2": "colocated on 2 GPUs, data parallel, reference sharded",
+          "ours_dp2": "colocated on 2 GPUs, data parallel (a reference sharded over the ranks)",
           "ours_split": "split on 2 GPUs, max_staleness 1",
           "ours_split_compiled": "split on 2 GPUs, max_staleness 1, trainer.compile"}
 

@@ -14,6 +14,7 @@ pool are submitted and collected separately, so a rollout can run while the trai
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
@@ -409,11 +410,13 @@ class Cluster:
         return self._get_trainers(self.teachers[path].logprobs.remote(trajs), f"the teacher {path} (FrozenModel)")
 
     def _sharded_logprobs(self, name: str, trajs: list[Trajectory]) -> list[np.ndarray]:
-        """A frozen model partitioned over the trainer ranks: each rank scores a contiguous share, in order. Every
-        rank needs at least one sample (its forwards gather partitions from all ranks): with fewer samples than ranks
-        the last one is scored again on the ranks left without, and those extra results dropped."""
+        """A frozen model partitioned over the trainer ranks: each rank scores a contiguous share, in order. The
+        ranks run one agreed number of forwards (each gathers partitions from all ranks), which their shares must
+        allow: the shares are made equal, at least one sample each, by scoring copies of the last sample again on
+        the ranks short of one (their results dropped)."""
         n = len(self.trainers)
-        padded = list(trajs) + [trajs[-1]] * max(0, n - len(trajs))
+        size = max(1, -(-len(trajs) // n))
+        padded = list(trajs) + [copy.copy(trajs[-1]) for _ in range(size * n - len(trajs))]
         shares = split_even(padded, n)
         outs = self._get_trainers([a.frozen_logprobs.remote(name, share) for a, share in zip(self.trainers, shares)])
         return [lp for out in outs for lp in out][:len(trajs)]

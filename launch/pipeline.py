@@ -53,6 +53,9 @@ KEYS = {"experiment": str, "specialists": list, "specialist_overrides": list, "g
         "sft_experiment": str, "sft_overrides": list, "rl_overrides": list, "stop_after": (str, type(None))}
 OWN_KEYS = ("experiment", "run_dir", "run_name")  # with pipeline.*: the pipeline's, not forwarded to stages
 TRAIN_MODULES = ("launch.train", "launch.sft")
+# A training stage resumes where it stopped and leaves its last step's checkpoint to the next stage (a forwarded
+# trainer.save_last=false would hand that stage an older model, or none)
+RESUMABLE = ("trainer.resume=auto", "trainer.save_last=true")
 
 
 @dataclass
@@ -143,7 +146,7 @@ def plan(p: dict, exp_cfg: dict, forwarded: list[str], run_dir: Path, run_name: 
         sd = run_dir / "specialists" / d
         others = [f"~domains.{o}" for o in domains if o != d]  # after the user's, which may still name them
         stages.append(Stage(f"specialists/{d}", "launch.train", sd, [
-            exp, *forwarded, *p["specialist_overrides"], *others, "trainer.resume=auto", *tail(sd, f"specialist-{d}")]))
+            exp, *forwarded, *p["specialist_overrides"], *others, *RESUMABLE, *tail(sd, f"specialist-{d}")]))
     if p["stop_after"] == "specialists":
         return stages
     gd = run_dir / "generated"
@@ -162,12 +165,12 @@ def plan(p: dict, exp_cfg: dict, forwarded: list[str], run_dir: Path, run_name: 
     base = f"model.path={exp_cfg['model']['path']}"
     stages.append(Stage("sft", "launch.sft", sd, [
         f"+experiment={p['sft_experiment']}", *no_domains, base, *p["sft_overrides"],
-        f"algorithm.dataset.path={gd / 'data.jsonl'}", "trainer.resume=auto", *tail(sd, "sft")]))
+        f"algorithm.dataset.path={gd / 'data.jsonl'}", *RESUMABLE, *tail(sd, "sft")]))
     if p["stop_after"] == "sft":
         return stages
     md = run_dir / "mixed_rl"
     stages.append(Stage("mixed_rl", "launch.train", md, [
-        exp, *forwarded, *p["rl_overrides"], "trainer.resume=auto", *tail(md, "mixed_rl")], {"model.path": sd}))
+        exp, *forwarded, *p["rl_overrides"], *RESUMABLE, *tail(md, "mixed_rl")], {"model.path": sd}))
     return stages
 
 

@@ -162,6 +162,7 @@ class GpuPlacement:
         self.tp = 1  # colocated tensor parallel: GPUs (bundles) per vLLM instance
         self.gpu_share = 0.0
         r, t = cfg["rollout"], cfg["trainer"]
+        self.split_tp = not is_colocated_vllm(cfg) and tensor_parallel_size(cfg) > 1
         shares = colocated_shares(cfg)
         if shares:
             self.n = int(t["num_processes"])
@@ -219,10 +220,13 @@ class GpuPlacement:
         return self._bundle(i // self.engines)
 
     def worker_env(self, i: int) -> dict[str, str | None]:
-        """Environment for rollout worker i's engine (None: unset). Colocated tensor parallel: vLLM's Ray executor
-        starts one worker per GPU of the instance on bundles i*T .. i*T+T-1 of the group, each with the worker's GPU
-        share (VLLM_RAY_BUNDLE_INDICES, VLLM_RAY_PER_WORKER_GPUS); the rollout worker itself holds no GPU, so the
-        CUDA_VISIBLE_DEVICES Ray gave it must not reach vLLM's workers."""
+        """Environment for rollout worker i's engine (None: unset), for tensor parallel T > 1. The rollout worker
+        holds no GPU itself, so the CUDA_VISIBLE_DEVICES Ray gave it must not reach vLLM's Ray workers. Colocated,
+        vLLM's Ray executor starts one worker per GPU of the instance on bundles i*T .. i*T+T-1 of the group, each
+        with the worker's GPU share (VLLM_RAY_BUNDLE_INDICES, VLLM_RAY_PER_WORKER_GPUS); split, it makes a placement
+        group of whole GPUs itself (not yet run on GPUs: it needs three)."""
+        if self.split_tp:
+            return {"CUDA_VISIBLE_DEVICES": None}
         if self.pg is None or self.tp == 1:
             return {}
         bundles = range(i * self.tp, (i + 1) * self.tp)

@@ -210,6 +210,10 @@ def test_colocated_tensor_parallel_instance_spans_its_trainer_ranks_gpus(ray_loc
         assert own == [] and children == trainer_gpus and trainer_gpus[0] != trainer_gpus[1], (children, trainer_gpus)
     finally:
         placement.remove()
+    # split: vLLM's executor places its workers on whole GPUs itself; the worker (no GPU) only drops the empty
+    # CUDA_VISIBLE_DEVICES Ray gave it
+    split = GpuPlacement({**cfg, "rollout": {**cfg["rollout"], "placement": "split", "num_gpus": 1}})
+    assert split.pg is None and split.worker_options(0) == {} and split.worker_env(0) == {"CUDA_VISIBLE_DEVICES": None}
 
 
 @pytest.mark.parametrize("per_gpu", [1, 2])

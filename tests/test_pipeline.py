@@ -53,7 +53,7 @@ def test_the_stages_and_their_command_lines(tmp_path):
     own = compose(["+experiment=v32_pipeline"])["pipeline"]["specialist_overrides"]
     assert math.overrides[4:4 + len(own)] == own and "trainer.total_steps=2" in own
     assert math.overrides[4 + len(own):] == ["~domains.code", "~domains.logic", "~domains.general", "~domains.agent",
-                                  "trainer.resume=auto", f"run_dir={math.dir}", "run_name=pipe-specialist-math",
+                                  "trainer.resume=auto", "trainer.save_last=true", f"run_dir={math.dir}", "run_name=pipe-specialist-math",
                                   "logger.group=pipe"]
     cfg = compose(math.args())
     assert list(cfg["domains"]) == ["math"] and cfg["model"]["path"] == "embedded:tiny-dense"

@@ -56,7 +56,7 @@ class FrozenModel:
         self.sharded = sharded
         self.model = load_causal_lm(
             model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"),
-            "cpu" if sharded else self.device,  # DeepSpeed moves each partition to the rank's GPU
+            "cpu" if sharded else self.device,  # sharded: each partition goes to the rank's GPU (below)
         ).eval()
         self.model.requires_grad_(False)
         scale = logit_scale(self.model)  # before ZeRO-3 partitions the weights
@@ -67,7 +67,11 @@ class FrozenModel:
             import deepspeed
 
             module = PolicyForward(self.model)
-            self.engine = deepspeed.initialize(model=module, config=zero3_inference_config(cfg["model"]["dtype"]))[0]
+            config = zero3_inference_config(cfg["model"]["dtype"])
+            # partitioned here, one parameter at a time: deepspeed.initialize would first move the whole model to
+            # this rank's GPU, next to the policy and a colocated vLLM
+            deepspeed.zero.Init(module=module, config_dict_or_path=config)
+            self.engine = deepspeed.initialize(model=module, config=config)[0]
             module.register_zero3_external_head()  # the chunked logprob reads the head's weight directly
             self.engine.eval()
             self.device = str(self.engine.device)

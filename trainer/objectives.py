@@ -15,7 +15,7 @@ how the step reduces them into logged metrics, and what it needs from a sample.
   A dataset row has none of these.
 
 GRPO with the DeepSeek-V3.2 stabilisers, on-policy distillation (GRPO's loss over per-token advantages that add the
-teacher's grade of every sampled token; the teachers are FrozenModel actors like the reference) and SFT.
+teacher's grade of every sampled token; the teachers are FrozenModels placed like the reference) and SFT.
 """
 
 from __future__ import annotations

@@ -173,6 +173,8 @@ class PolicyTrainer:
     def frozen_logprobs(self, name: str, trajs: list[Trajectory]) -> list[np.ndarray]:
         """This rank's share of a sharded frozen model's scoring (`name`: "reference" or a teacher's path); every
         rank must be called, each with at least one sample (its forwards gather partitions from all ranks)."""
+        if name not in self.frozen:
+            raise KeyError(f"rank {self.rank} has no sharded frozen model {name!r} (it has {sorted(self.frozen)})")
         return self.frozen[name].logprobs(trajs)
 
     def device_name(self) -> str:

@@ -49,7 +49,7 @@ def check_gpu_layout(cfg: Mapping) -> None:
             f"{r['num_workers']} and {t['num_processes']})"
         )
     colocated_shares(cfg)
-    if is_split_vllm_on_gpu_shares(cfg) and int(r.get("tensor_parallel_size", 1)) != 1:
+    if is_split_vllm_on_gpu_shares(cfg) and tp != 1:
         raise ConfigError(
             f"rollout.placement=split with rollout.num_gpus={r['num_gpus']} runs vLLM instances on a share of one GPU, "
             f"which needs rollout.tensor_parallel_size == 1 (got {r.get('tensor_parallel_size')}); give each "

@@ -180,6 +180,17 @@ def hand_back(device, missing: int) -> None:
         torch.cuda.empty_cache()
 
 
+def agreed_counts(counts: list[int], samples: list[int], device) -> list[int]:
+    """Micro-batch (or forward) counts every rank runs, one per batch: as many as any rank needs, but no more than the
+    smallest share of that batch has samples. A collective over all ranks: ZeRO reduces gradients every micro-step,
+    and ZeRO-3 gathers every layer's partitions from all ranks in each forward, so a rank that ran one fewer would
+    leave the others waiting."""
+    k = len(counts)
+    both = torch.tensor(list(counts) + [-n for n in samples], device=device, dtype=torch.long)
+    torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
+    return [min(int(a), -int(b)) for a, b in zip(both[:k].tolist(), both[k:].tolist())]
+
+
 def auto_micro_batch_counts(batches: list[list], layout: str, device, model_config, dtype: str,
                             head: dict, memory_share: float, forward_only: bool = False,
                             max_tokens: int | None = None) -> tuple[list[int], int | None]:

@@ -13,7 +13,7 @@ Two placements (`trainer.ref_placement`): `actor`, a whole copy in a Ray actor o
 `sharded`, one FrozenModel in every trainer rank (`PolicyTrainer`), its parameters partitioned over the ranks by
 DeepSpeed ZeRO-3 (inference: no optimizer, no gradients) and gathered layer by layer during the forward, so a model
 whose copy does not fit one GPU next to the policy still scores. The gathers are collectives: every rank runs the
-same number of forwards (`_chunks` agrees on it), and the driver gives every rank at least one sample.
+same number of forwards (`_chunks` agrees on it, `trainer.dist.agreed_counts`), and the driver gives every rank at least one sample.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from rl.config import (head_options, logprob_temperature, micro_batch_memory, pa
                        varlen_attention)
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
-from trainer.dist import auto_micro_batch_counts, pick_device, release_cached_memory
+from trainer.dist import agreed_counts, auto_micro_batch_counts, pick_device, release_cached_memory
 from trainer.forward import PolicyForward, compile_layers, forward_logprobs, logit_scale, route_replay
 from trainer.payload import fetch_heavy
 
@@ -53,7 +53,6 @@ class FrozenModel:
             torch.set_num_threads(int(cfg["trainer"]["threads"]))
         self.device = pick_device(cfg["trainer"]["device"])
         self.tokenizer = load_tokenizer(model_path)
-        self.sharded = sharded
         self.model = load_causal_lm(
             model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"),
             "cpu" if sharded else self.device,  # sharded: each partition goes to the rank's GPU (below)
@@ -132,15 +131,6 @@ class FrozenModel:
             (n,), budget = auto_micro_batch_counts([trajs], layout, self.device, self.model.config,
                                                    self.cfg["model"]["dtype"], self.head, micro_batch_memory(self.cfg),
                                                    self.forward_only_estimate)
-        if self.sharded and torch.distributed.get_world_size() > 1:
-            n = agreed_forward_count(n, len(trajs), self.device)
+        if self.engine is not None and torch.distributed.get_world_size() > 1:  # sharded: one count on every rank
+            n = max(1, agreed_counts([n], [len(trajs)], self.device)[0])
         return micro_batches(trajs, n, layout, budget)
-
-
-def agreed_forward_count(n: int, samples: int, device) -> int:
-    """The number of forwards every rank of a sharded model runs: as many as any rank needs, but no more than the
-    smallest share has samples (every forward gathers each layer's partitions from all ranks, so a rank that ran
-    one forward fewer would leave the others waiting in a gather)."""
-    both = torch.tensor([n, -samples], device=device, dtype=torch.long)
-    torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
-    return max(1, min(int(both[0]), -int(both[1])))

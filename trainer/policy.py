@@ -27,7 +27,7 @@ from rl.metrics import TrainStatSums, forward_sums
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
 from trainer.dist import (
-    auto_micro_batch_counts, free_memory_bytes, free_port, init_process_group, memory_gib, node_address, pick_device,
+    agreed_counts, auto_micro_batch_counts, free_memory_bytes, free_port, init_process_group, memory_gib, node_address, pick_device,
     release_cached_memory,
 )
 from trainer.forward import ForwardOut, PolicyForward, compile_layers, logit_scale, route_replay
@@ -275,10 +275,7 @@ class PolicyTrainer:
                                                  self.cfg["model"]["dtype"], self.head, micro_batch_memory(self.cfg),
                                                  max_tokens=self.micro_tokens)
         if self.world_size > 1:
-            n = torch.tensor(counts + [-len(t) for t in minibatches], device=self.engine.device, dtype=torch.long)
-            torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
-            k = len(minibatches)  # as many as any rank needs, but no more than the smallest share has samples
-            counts = [min(int(a), -int(b)) for a, b in zip(n[:k].tolist(), n[k:].tolist())]
+            counts = agreed_counts(counts, [len(t) for t in minibatches], self.engine.device)
         return [micro_batches(trajs, n, layout, budget) for trajs, n in zip(minibatches, counts)]
 
     def _auto_checkpointing(self, plan: list[list[list[Trajectory]]]) -> None:

@@ -11,6 +11,11 @@ trainer, vLLM and reference together), mismatch/routing_frac and mismatch/logpro
 
     python benchmarks/large_shape.py --shape moe30b --layers 8 --steps 8        # on two GPUs
     python benchmarks/large_shape.py --shape dense4b --steps 8
+    python benchmarks/large_shape.py --shape moe30b --layers 24 --gpus 4 --offload --steps 10   # on four GPUs
+
+With --offload the optimizer state lives in host memory (`trainer.offload_optimizer=cpu`); the peak host memory
+(MemTotal - MemAvailable) is printed with the GPUs'. kv_cache_tokens: the KV cache each vLLM instance sized, the
+most tokens a prompt and its response can reach at rollout.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -37,6 +43,20 @@ KEYS = ["time/step", "time/rollout", "time/generate", "time/ref", "time/train", 
         "reward/mean", "kl/logic", "perf/micro_batches", "perf/gradient_checkpointing"]
 
 
+def host_memory_used() -> int:
+    """MiB of host memory in use (MemTotal - MemAvailable: every process, page cache not counted)."""
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) // 1024
+
+
+def kv_cache_tokens(log: Path) -> list[int]:
+    """The KV cache vLLM sized for each instance ("GPU KV cache size: N tokens" in the run's log): the most tokens one
+    response (with its prompt) can reach at rollout."""
+    if not log.exists():
+        return []
+    return [int(m.replace(",", "")) for m in re.findall(r"GPU KV cache size: ([\d,]+) tokens", log.read_text(errors="replace"))]
+
+
 def gpu_memory_used() -> list[int]:
     """MiB in use on each GPU (every process), from nvidia-smi."""
     out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
@@ -49,12 +69,13 @@ class PeakMemory(threading.Thread):
 
     def __init__(self, every: float = 1.0):
         super().__init__(daemon=True)
-        self.every, self.peak, self.stop = every, [], threading.Event()
+        self.every, self.peak, self.host_peak, self.stop = every, [], 0, threading.Event()
 
     def run(self):
         while not self.stop.is_set():
             try:
                 used = gpu_memory_used()
+                self.host_peak = max(self.host_peak, host_memory_used())
             except (OSError, subprocess.CalledProcessError):
                 return
             self.peak = [max(a, b) for a, b in zip(self.peak or used, used)]
@@ -71,6 +92,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--rollout-memory", type=float, default=0.3, help="rollout.gpu_memory_utilization")
+    ap.add_argument("--offload", action="store_true",
+                    help="trainer.offload_optimizer=cpu (the optimizer state in host memory, ~20 bytes a parameter; "
+                         "torch threads per rank = the host's cores / --gpus)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "large_shape")
     ap.add_argument("--timeout", type=int, default=3000)
     ap.add_argument("--override", nargs="*", default=[], help="more Hydra overrides")
@@ -96,6 +120,8 @@ def main() -> None:
            "rollout.top_k=32", f"rollout.max_new_tokens={args.max_new_tokens}",
            f"data.prompts_per_step={args.prompts}", f"rollout.n_samples={args.n}",
            f"rewards.judge.model={judge}", "rewards.judge.num_gpus=0.1", "rewards.judge.gpu_memory_utilization=0.05",
+           *(["trainer.offload_optimizer=cpu", f"trainer.threads={max(1, (os.cpu_count() or 1) // args.gpus)}"]
+             if args.offload else []),
            *args.override]
     print("[large_shape] " + " ".join(cmd[1:]), flush=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": "cuda"}
@@ -113,7 +139,8 @@ def main() -> None:
         print(f"[large_shape] step {r['step']}: " + ", ".join(
             f"{k}={r[k]:.4g}" if isinstance(r.get(k), float) else f"{k}={r.get(k)}" for k in KEYS), flush=True)
     summary = {"shape": name, "parameters": total, "active_parameters": active, "rc": proc.returncode,
-               "steps": len(rows), "wall_s": round(wall, 1), "peak_gpu_mib": peak.peak}
+               "steps": len(rows), "wall_s": round(wall, 1), "peak_gpu_mib": peak.peak,
+               "peak_host_mib": peak.host_peak, "kv_cache_tokens": kv_cache_tokens(run_dir / "train.log")}
     if rows:
         later = rows[1:] or rows  # the first step pays the compile/warm-up costs
         for k in KEYS:

@@ -208,6 +208,11 @@ def validate(cfg: Mapping) -> None:
         check_choice(t, "logprob_head", "trainer", {"support", "dense"})
     if "ref_placement" in t:
         check_choice(t, "ref_placement", "trainer", {"actor", "sharded"})
+    if "offload_optimizer" in t:
+        check_choice(t, "offload_optimizer", "trainer", {"none", "cpu"})
+        if t["offload_optimizer"] == "cpu" and t["zero_stage"] == 0:  # ZeRO-0 has no partitioned optimizer to move
+            raise ConfigError("trainer.offload_optimizer=cpu needs trainer.zero_stage >= 1 (DeepSpeed offloads the "
+                              "optimizer state ZeRO partitions)")
     if dataset:
         validate_sft(a)
     else:

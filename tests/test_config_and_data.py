@@ -213,3 +213,11 @@ def test_compiled_layers_need_zero_2_or_less():
     check_config(composed("trainer.compile=true", "trainer.zero_stage=2"))
     with pytest.raises(ConfigError, match=r"trainer\.compile=true needs trainer\.zero_stage <= 2"):
         check_config(composed("trainer.compile=true", "trainer.zero_stage=3"))
+
+
+def test_optimizer_offload_is_none_or_cpu_and_needs_a_zero_stage():
+    check_config(composed("trainer.offload_optimizer=cpu", "trainer.zero_stage=1"))
+    with pytest.raises(ConfigError, match=r"trainer\.offload_optimizer=cpu needs trainer\.zero_stage >= 1"):
+        check_config(composed("trainer.offload_optimizer=cpu", "trainer.zero_stage=0"))
+    with pytest.raises(ConfigError, match=r"trainer\.offload_optimizer must be one of \['cpu', 'none'\]"):
+        check_config(composed("trainer.offload_optimizer=nvme"))

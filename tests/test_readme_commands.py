@@ -76,16 +76,20 @@ def readme_commands() -> list[str]:
 
 CLUSTER_KEY = "python -m launch.train +experiment=mixed_rl ray.address=auto"
 TENSOR_PARALLEL_KEY = "python -m launch.train +experiment=mixed_rl (tensor parallel 2, reference sharded)"
+OFFLOAD_KEY = "python -m launch.train +experiment=mixed_rl (four GPUs, optimizer state in host memory)"
 
 
 def _key(command: str) -> str:
     """The GPU cluster commands are long: each is known by what sets it apart."""
     if "ray.address=auto" in command:
         return CLUSTER_KEY
+    if "trainer.offload_optimizer=cpu" in command:
+        return OFFLOAD_KEY
     return TENSOR_PARALLEL_KEY if "rollout.tensor_parallel_size=2" in command else command
 
 
-KNOWN = RUN_BY_CI | GPU_ONLY | RUN_FAST | RUN_SLOW | CONFIG_ONLY | NAMED_ONLY | {CLUSTER_KEY, TENSOR_PARALLEL_KEY}
+KNOWN = (RUN_BY_CI | GPU_ONLY | RUN_FAST | RUN_SLOW | CONFIG_ONLY | NAMED_ONLY
+         | {CLUSTER_KEY, TENSOR_PARALLEL_KEY, OFFLOAD_KEY})
 
 
 def test_every_readme_command_has_a_check():
@@ -135,6 +139,13 @@ def test_the_tensor_parallel_command_passes_the_config_checks():
     (command,) = [c for c in readme_commands() if _key(c) == TENSOR_PARALLEL_KEY]
     cfg = _check_like_a_run(command)
     assert cfg["rollout"]["tensor_parallel_size"] == 2 and cfg["trainer"]["ref_placement"] == "sharded"
+
+
+def test_the_offload_command_passes_the_config_checks():
+    (command,) = [c for c in readme_commands() if _key(c) == OFFLOAD_KEY]
+    cfg = _check_like_a_run(command)
+    assert cfg["trainer"]["offload_optimizer"] == "cpu" and cfg["trainer"]["zero_stage"] == 3
+    assert cfg["rollout"]["tensor_parallel_size"] == 4 and cfg["trainer"]["num_processes"] == 4
 
 
 def test_cfg_job_prints_the_config_resolved(tmp_path):

@@ -350,3 +350,24 @@ def test_bf16_steps_skip_non_finite_gradients_without_a_per_gradient_check(setup
     final = tr.full_state_dict()
     assert all(torch.equal(after[k], final[k]) for k in after)
     assert calls == []  # no per-gradient test ran (with it, one per parameter per step)
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_optimizer_offloaded_to_the_host_gives_the_same_update(setup, zero_stage):
+    """trainer.offload_optimizer=cpu: DeepSpeed keeps the float32 master weights and Adam moments in host memory
+    and torch's fused AdamW steps them there; the update equals the one of the optimizer on the device, and the
+    optimizer really is the offloaded one."""
+    cfg, trajs, path = setup
+    port = _port()
+    _, before, plain, sums = _train_once(cfg, trajs, path, zero_stage, port)
+    offloaded_cfg = copy.deepcopy(cfg)
+    offloaded_cfg["trainer"]["offload_optimizer"] = "cpu"
+    tr, _, offloaded, sums_off = _train_once(offloaded_cfg, trajs, path, zero_stage, port)
+    optimizer = tr.engine.optimizer
+    assert (optimizer.offload_optimizer if zero_stage == 3 else optimizer.cpu_offload) is True
+    assert tr.engine.optimizer.optimizer.defaults.get("fused") is True  # one pass of torch's AdamW over the host state
+    assert abs(sums["grad_norm"] - sums_off["grad_norm"]) < 1e-5 * sums["grad_norm"]
+    moved = [k for k in before if not torch.equal(before[k], plain[k])]
+    assert "lm_head.weight" in moved
+    for k in plain:
+        assert torch.allclose(plain[k].float(), offloaded[k].float(), atol=1e-6), k

@@ -44,6 +44,12 @@ def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int, m
     if zero["stage"] == 3:
         # Without this tiny models keep every parameter whole on each rank.
         zero.update(stage3_param_persistence_threshold=0, stage3_gather_16bit_weights_on_model_save=True)
+    offload = optimizer_offloaded(tcfg)
+    if offload:
+        # The float32 master weights, Adam moments and gradient partitions live in host memory; torch's fused AdamW
+        # steps them on the CPU (one pass over memory; DeepSpeed's CPU Adam would JIT-compile). Not pinned: page-
+        # locking hundreds of GB stalls the start and starves everything else on the host
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     config = {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": grad_accum,
@@ -62,9 +68,11 @@ def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int, m
                 "weight_decay": float(tcfg["weight_decay"]),
                 "eps": 1e-8,
                 "torch_adam": True,
-                **({"fused": True} if tcfg.get("fused_adam") else {}),
+                **({"fused": True} if tcfg.get("fused_adam") or offload else {}),
             },
         },
+        # our optimizer is torch's AdamW by choice (above); DeepSpeed would refuse it next to an offload
+        **({"zero_force_ds_cpu_optimizer": False} if offload else {}),
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
@@ -81,6 +89,11 @@ def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int, m
             },
         }
     return config
+
+
+def optimizer_offloaded(tcfg: dict) -> bool:
+    """`trainer.offload_optimizer`: none | cpu."""
+    return str(tcfg.get("offload_optimizer") or "none").lower() == "cpu"
 
 
 def drop_per_gradient_overflow_check(optimizer) -> bool:
@@ -137,15 +150,32 @@ class PolicyTrainer:
         self.grad_accum = micro_batches_per_minibatch(cfg, world_size)
         micro = per_rank_samples(cfg, world_size) if self.auto_micro else int(tcfg["micro_batch_size"])
         ds_cfg = deepspeed_config(tcfg, cfg["model"]["dtype"], self.grad_accum, world_size, micro)
-        self.engine, _, _, _ = deepspeed.initialize(
-            model=PolicyForward(model), model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_cfg
-        )
         self.zero_stage = int(tcfg["zero_stage"])
+        module = PolicyForward(model)
+        if self.zero_stage == 3:
+            # partitioned here, one parameter at a time: deepspeed.initialize would first move the whole model to
+            # this rank's GPU (a 30B model's 61 GB next to the reference and a colocated vLLM)
+            deepspeed.zero.Init(module=module, config_dict_or_path=ds_cfg)
+        # trainer.ref_placement=sharded: the reference and the distillation teachers live here, partitioned over the
+        # ranks (trainer/frozen.py); by name: "reference", or a teacher's model path. Built before the policy's
+        # optimizer, whose offloaded state (trainer.offload_optimizer) fills the host: each frozen model passes
+        # through host memory whole while it loads
+        self.frozen: dict[str, FrozenModel] = {}
+        if frozen_models_sharded(cfg):
+            if needs_reference(cfg) and "reference" in self.objective.needs:
+                self.frozen["reference"] = FrozenModel(cfg, model_path, "reference", sharded=True)
+            if "teacher" in self.objective.needs:
+                for path in teacher_paths(cfg):
+                    self.frozen[path] = FrozenModel(cfg, path, "teacher", sharded=True)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=module, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_cfg
+        )
         # ZeRO-1/2: a mini-batch's micro-batches leave their gradients on the parameters (autograd adds them up, in
         # the model's dtype as ZeRO's own buffers would) and ZeRO reduces them once, when the mini-batch ends
         # (DeepSpeed's coalesce_grad_reduction), instead of copying every parameter's gradient into its buckets
         # after every micro-batch: those per-parameter hooks ran on the CPU while the GPU waited (benchmarks/README.md)
         self.coalesce = (bool(tcfg.get("coalesce_grad_reduction", True)) and self.zero_stage in (1, 2)
+                         and not optimizer_offloaded(tcfg)  # the offloaded ZeRO-2 copies gradients to the host itself
                          and hasattr(self.engine, "coalesce_grad_reduction")
                          and hasattr(self.engine.optimizer, "_coalesce_grad_reduction"))
         drop_per_gradient_overflow_check(self.engine.optimizer)
@@ -157,15 +187,6 @@ class PolicyTrainer:
         self.head = head_options(cfg)  # chunk size, float32 head, support-only head
         self.packed = pack_sequences(cfg)  # one unpadded row per micro-batch (trainer.pack_sequences)
         self.profile_step, self.steps_run = int(tcfg.get("profile_step") or 0), 0
-        # trainer.ref_placement=sharded: the reference and the distillation teachers live here, partitioned over the
-        # ranks (trainer/frozen.py); by name: "reference", or a teacher's model path
-        self.frozen: dict[str, FrozenModel] = {}
-        if frozen_models_sharded(cfg):
-            if needs_reference(cfg) and "reference" in self.objective.needs:
-                self.frozen["reference"] = FrozenModel(cfg, model_path, "reference", sharded=True)
-            if "teacher" in self.objective.needs:
-                for path in teacher_paths(cfg):
-                    self.frozen[path] = FrozenModel(cfg, path, "teacher", sharded=True)
 
     def ready(self) -> int:
         return self.rank

@@ -37,6 +37,7 @@ from rollout.worker import RolloutWorker
 from trainer.dist import node_address, open_store
 from trainer.frozen import FrozenModel
 from trainer.objectives import objective_of
+from launch.startup import StartupTimeline
 from trainer.policy import PolicyTrainer
 
 log = logging.getLogger(__name__)
@@ -262,8 +263,10 @@ class RendezvousStore:
 
 
 class Cluster:
-    def __init__(self, cfg: dict, model_path: str):
+    def __init__(self, cfg: dict, model_path: str, timeline: StartupTimeline | None = None):
+        """`timeline`: where each actor's readiness and the weight sync's set-up are marked (launch/startup.py)."""
         self.cfg = cfg
+        self.timeline = timeline
         if not (cfg.get("ray") or {}).get("address"):  # a cluster we started: its CPUs are all there will be
             check_cpu_reservations(cfg, float(ray.cluster_resources().get("CPU", 0)))
         self._latest_weights = None
@@ -308,6 +311,7 @@ class Cluster:
             timeout_s=r.get("timeout_s"),
             start_waves=engines_per_gpu(cfg),
         )
+        self._watch("rollout", self.rollout.actors)
         if placement_spec(r).gpu_memory and not trainers_first:
             self.rollout.wait_ready()  # vLLM profiles GPU memory at start: start it before the trainers allocate
         if uses_rubric_judge(cfg["domains"]):  # one rubric-judge actor for the run, shared by the reward workers
@@ -316,6 +320,7 @@ class Cluster:
             judge_cls = ray.remote(num_cpus=jc["num_cpus"], num_gpus=jc["num_gpus"], max_restarts=3)(JudgeWorker)
             # rewards.judge.model null -> the policy's model_path
             self.judge = judge_cls.options(**self._placement.options("judge")).remote(cfg, model_path)
+            self._watch("judge", [self.judge])
             if gpu_judge:
                 ray.get(self.judge.ready.remote())  # a vLLM judge, too, must profile memory before the trainers
         reward_cls = ray.remote(num_cpus=rw["actor_num_cpus"])(RewardWorker)
@@ -323,6 +328,7 @@ class Cluster:
             "reward", lambda i: reward_cls.remote(cfg, judge=self.judge), int(rw["num_actors"]),
             timeout_s=rw.get("actor_timeout_s"),
         )
+        self._watch("reward", self.rewards.actors)
         if not trainers_first:
             self._start_trainers(cfg, model_path)
         self.rollout.wait_ready()
@@ -338,6 +344,16 @@ class Cluster:
 
             self._weight_sync = VLLMWeightSync(cfg, self.rollout.actors, self.trainers)
             self._weight_sync.init()
+            if self.timeline is not None:
+                self.timeline.mark("weight_sync_ready")
+
+    def _watch(self, role: str, actors: list) -> None:
+        """Mark each actor's readiness on the start-up timeline: `role` for one actor, `role<i>` for several."""
+        if self.timeline is None:
+            return
+        for i, actor in enumerate(actors):
+            name = role if len(actors) == 1 else f"{role}{i}"
+            when_ready(actor.ready.remote(), lambda name=name: self.timeline.mark(name))
 
     def _start_trainers(self, cfg: dict, model_path: str) -> None:
         """Create the trainer ranks and the reference model (their `ready` is awaited later)."""
@@ -350,6 +366,7 @@ class Cluster:
         addr, port = ray.get(self._store.address.remote())
         self.trainers = [trainer_cls.options(**self._placement.options(rank)).remote(cfg, model_path, rank, n, addr, port)
                          for rank in range(n)]
+        self._watch("trainer", self.trainers)
         if "teacher" in objective_of(cfg).needs:
             self.teacher_paths = teachers_of(cfg)
         if self.frozen_sharded:  # built by each trainer rank (PolicyTrainer.frozen)
@@ -357,10 +374,12 @@ class Cluster:
         if needs_reference(cfg) and "reference" in objective_of(cfg).needs:
             ref_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
             self.reference = ref_cls.options(**self._placement.options("reference")).remote(cfg, model_path)
+            self._watch("reference", [self.reference])
         if "teacher" in objective_of(cfg).needs:
             teacher_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
             self.teachers = {path: teacher_cls.options(**self._placement.options("teacher")).remote(cfg, path, "teacher")
                              for path in teachers_of(cfg)}
+            self._watch("teacher", list(self.teachers.values()))
 
     def _get_trainers(self, refs: list, role: str = "a PolicyTrainer rank"):
         """Results of the stateful actors (trainer ranks, the reference): one that died ends the run."""

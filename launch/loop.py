@@ -19,6 +19,7 @@ from launch.cluster import Cluster, start_ray
 from launch.config import prepare
 from launch.run_dir import RunDirLock, write_config
 from launch.sources import make_source, timed
+from launch.startup import StartupTimeline
 from launch.tracking import Tracker
 from rl.batching import minibatches
 from rl.flops import PerfMeter, load_body_flops, resolve_peak_tflops
@@ -29,10 +30,12 @@ from trainer.objectives import objective_of
 log = logging.getLogger(__name__)
 
 
-def train(cfg: dict) -> dict:
-    """Run the whole job described by the resolved config; returns the run's summary (launch/tracking.py)."""
-    launched = time.time()
+def train(cfg: dict, launched: float | None = None) -> dict:
+    """Run the whole job described by the resolved config; returns the run's summary (launch/tracking.py).
+    `launched`: when the command started (time.time()), where the start-up timeline counts from."""
+    timeline = StartupTimeline(launched or time.time())
     model_path = prepare(cfg)
+    timeline.mark("model")  # found, converted or built
     run_dir, t = Path(cfg["run_dir"]).resolve(), cfg["trainer"]
     lock = RunDirLock(run_dir)  # before anything is written there
     cluster = tracker = None
@@ -41,10 +44,14 @@ def train(cfg: dict) -> dict:
         source = make_source(cfg, objective.source, load_tokenizer(model_path))  # its data checked before any actor
         candidates = find_resume(t["resume"], run_dir)
         write_config(run_dir, cfg)
+        timeline.mark("data")
         start_ray(cfg["ray"], run_dir, cfg["logger"])
-        cluster = Cluster({**cfg, "run_dir": str(run_dir)}, model_path)  # actors write there (trainer.profile_step)
+        timeline.mark("ray")
+        # actors write there (trainer.profile_step)
+        cluster = Cluster({**cfg, "run_dir": str(run_dir)}, model_path, timeline)
         start = resume(cluster, source, candidates)
-        tracker = Tracker(cfg, run_dir, total, start, resume=bool(candidates), launched=launched)
+        tracker = Tracker(cfg, run_dir, total, start, resume=bool(candidates), launched=timeline.launched,
+                          start_up=timeline.marks)
         source.start(cluster, tracker, total)
         peak = resolve_peak_tflops(t.get("peak_tflops"), cluster.trainer_device_name())
         perf = PerfMeter(load_body_flops(model_path), peak, int(t["num_processes"]),
@@ -60,6 +67,9 @@ def train(cfg: dict) -> dict:
             metrics.update(trainer_metrics(sums, source.domains, int(t["mini_batches"]), objective.metrics))
             times["time/step"] = time.perf_counter() - t0  # all of the step but writing its metrics (and a checkpoint)
             tracker.log({**source.step_metrics(step, times), **metrics})
+            if step == start + 1:
+                timeline.mark("first_step")
+                log.info("start-up: %s", timeline.format())
             if checkpoint_due(step, total, t):
                 state = {"step": step, "data": source.state_dict()}
                 save_checkpoint(cluster, state, run_dir, step, int(t["keep_checkpoints"]))

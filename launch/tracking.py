@@ -46,8 +46,10 @@ def json_line(obj) -> str:
 
 class Tracker:
     def __init__(self, cfg: dict, run_dir: Path, total_steps: int, start_step: int, resume: bool,
-                 launched: float | None = None):
-        """`launched`: when the run began (time.time()), to report the start-up time apart from training."""
+                 launched: float | None = None, start_up: dict | None = None):
+        """`launched`: when the run began (time.time()), to report the start-up time apart from training;
+        `start_up`: the start-up timeline's marks (launch/startup.py), read when the summary is written."""
+        self.start_up = start_up if start_up is not None else {}
         lcfg = cfg["logger"]
         self.run_dir, self.total_steps = run_dir, total_steps
         self.path = run_dir / "metrics.jsonl"
@@ -143,7 +145,8 @@ class Tracker:
                 continue
         out: dict = {"steps": len(rows), "last_step": rows[-1]["step"] if rows else 0,
                      "seconds_training": round(time.time() - self.started, 1),
-                     "seconds_start_up": round(self.started - self.launched, 1), "reward": reward_summary(rows)}
+                     "seconds_start_up": round(self.started - self.launched, 1), "reward": reward_summary(rows),
+                     "start_up": dict(sorted(self.start_up.items(), key=lambda kv: kv[1]))}
         ckpts = sorted((self.run_dir / "checkpoints").glob("step_*/COMPLETE"))
         out["outputs"] = {"run_dir": str(self.run_dir), "metrics": str(self.path),
                           # SFT writes no rollouts: name the folder only when it holds something
@@ -166,7 +169,7 @@ class Tracker:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         if self.run is not None:  # W&B's logger logs what it has not got yet, writes the summary and finishes
             try:
-                self.run.close(self.lines, wandb_summary(summary["reward"], summary["steps"]))
+                self.run.close(self.lines, wandb_summary(summary["reward"], summary["steps"], summary["start_up"]))
             except Exception as e:  # noqa: BLE001 - the run's own outputs are written; W&B's are reported
                 log.warning("W&B did not close cleanly: %s", e)
         return summary

@@ -13,6 +13,9 @@ from omegaconf import DictConfig, OmegaConf
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 RUN_LOG = "train.log"  # Hydra's log of this job (hydra.job.name is the module's name), in run_dir
+# When the command started (its process's creation: interpreter start and imports count as start-up too); set by
+# `cli()`, None when main() is called in-process (the run's start then counts from train())
+LAUNCHED: float | None = None
 
 
 @hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
@@ -31,7 +34,7 @@ def main(cfg: DictConfig) -> None:
     fresh = is_fresh_run_dir(run_dir)
     try:
         with logging_redirect_tqdm():  # log lines print above the progress bar instead of through it
-            summary = train(OmegaConf.to_container(cfg, resolve=True))
+            summary = train(OmegaConf.to_container(cfg, resolve=True), launched=LAUNCHED)
     except ConfigError as e:
         log.error("config error: %s", e)
         if fresh:  # a run refused at start leaves no run_dir behind (the message is on the console)
@@ -88,7 +91,16 @@ def override_error(overrides: list[str]) -> str | None:
     return None
 
 
+def process_started() -> float:
+    """This process's creation time (time.time() scale)."""
+    import psutil
+
+    return psutil.Process(os.getpid()).create_time()
+
+
 def cli() -> None:
+    global LAUNCHED
+    LAUNCHED = process_started()
     args = sys.argv[1:]
     # Hydra's own flags (--cfg, --help, -m, ...) stay Hydra's; plain overrides are checked here first.
     if args and not any(a.startswith("-") for a in args):

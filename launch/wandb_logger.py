@@ -386,10 +386,12 @@ def reward_summary(rows: list[dict]) -> dict:
     return out
 
 
-def wandb_summary(reward: dict, steps: int) -> dict:
-    """What the W&B summary gets beyond each metric's last value."""
+def wandb_summary(reward: dict, steps: int, start_up: dict | None = None) -> dict:
+    """What the W&B summary gets beyond each metric's last value: per-domain reward at the start and the end, the
+    steps, and the start-up timeline (seconds from the command to each milestone, launch/startup.py)."""
     flat = {f"summary/reward/{d}/{k}": v for d, s in reward.items() for k, v in s.items() if k != "steps_averaged"}
-    return {**flat, "summary/steps": steps}
+    timeline = {f"summary/start_up/{name}": seconds for name, seconds in (start_up or {}).items()}
+    return {**flat, **timeline, "summary/steps": steps}
 
 
 if __name__ == "__main__":

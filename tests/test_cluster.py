@@ -14,8 +14,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from launch.cluster import ActorPool, RolloutInFlight, when_ready
+from launch.cluster import ActorPool, Cluster, RolloutInFlight, when_ready
 from launch.placement import GpuPlacement, check_gpu_layout
+from launch.startup import StartupTimeline
 from rewards.worker import RewardWorker
 from rl.config import resolve_auto
 from rl.data import PromptMixture
@@ -581,3 +582,37 @@ def test_when_ready_runs_its_callback_with_and_without_rays_on_ready(ray_local):
     while len(seen) < 2 and time.perf_counter() < deadline:
         time.sleep(0.01)
     assert sorted(seen) == ["future", "on_ready"]
+
+
+@ray.remote(num_cpus=0)
+class _StartsIn:
+    """An actor whose constructor takes `seconds`."""
+
+    def __init__(self, seconds: float):
+        time.sleep(seconds)
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_the_start_up_timeline_marks_each_actor_when_it_is_ready_not_when_the_driver_asks(ray_local):
+    """Actors start side by side: the driver waits for the slow one first, yet the quick one's mark is its own
+    ready time; a milestone reached twice keeps its first time; the line lists the marks in time order."""
+    timeline = StartupTimeline(time.time())
+    timeline.mark("ray")
+    slow, quick = _StartsIn.remote(2.0), _StartsIn.remote(0.0)
+    cluster = types.SimpleNamespace(timeline=timeline)  # what Cluster._watch reads of the cluster
+    Cluster._watch(cluster, "slow", [slow])
+    Cluster._watch(cluster, "quick", [quick])
+    ray.get(slow.ready.remote())  # the driver's own wait, slow first
+    deadline = time.perf_counter() + 10
+    while len(timeline.marks) < 3 and time.perf_counter() < deadline:
+        time.sleep(0.01)
+    marks = timeline.ordered()
+    assert list(marks) == ["ray", "quick", "slow"]
+    assert marks["slow"] - marks["quick"] >= 1.5
+    first = marks["ray"]
+    time.sleep(0.05)
+    timeline.mark("ray")
+    assert timeline.marks["ray"] == first
+    assert timeline.format().startswith("ray ") and timeline.format().index("quick") < timeline.format().index("slow")

@@ -71,6 +71,11 @@ def test_mixed_rl_embedded_default(quick_start_run):
     assert "done: 12 steps" in out["stdout"] and "  math: " in out["stdout"] and str(run / "metrics.jsonl") in out["stdout"]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 12 and set(summary["reward"]) == {"all", "math", "code", "logic", "general", "agent"}
+    # the start-up timeline (launch/startup.py): every actor of the run, in time order, ending with the first step
+    marks = summary["start_up"]
+    assert {"model", "data", "ray", "rollout", "reward", "trainer", "reference", "judge", "first_step"} <= set(marks)
+    assert list(marks.values()) == sorted(marks.values()) and list(marks)[-1] == "first_step"
+    assert marks["model"] < marks["ray"] < min(marks["trainer"], marks["rollout"]) <= marks["first_step"]
     log_text = (run / "train.log").read_text()
     assert "worker pid" in log_text and "scored 0 with a reason" in log_text
     assert "scored 0 with a reason" not in out["stdout"] + out["stderr"]

@@ -27,7 +27,8 @@ sys.path.insert(0, {root!r})
 from launch.tracking import Tracker
 run_dir, first, last, resume, name, end, pad = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5], sys.argv[6], int(sys.argv[7])
 cfg = {{"run_name": name, "lr": 0.5, "logger": {{"mode": "offline", "project": "t", "progress_bar": False, "save_rollouts": False}}}}
-tracker = Tracker(cfg, run_dir, total_steps=100, start_step=first - 1, resume=resume)
+tracker = Tracker(cfg, run_dir, total_steps=100, start_step=first - 1, resume=resume,
+                  start_up={{"ray": 1.5, "trainer": 7.25, "first_step": 9.0}})
 for step in range(first, last + 1):
     tracker.log({{"step": step, "reward/mean": 0.1 * step, "kl/math": None, "loss/pg": float("nan"),
                  **{{f"time/part{{i}}": step + i / 7 for i in range(pad)}}}})
@@ -130,6 +131,10 @@ def test_the_offline_run_dir_holds_config_and_summary(tmp_path):
     summary = json.loads((files / "wandb-summary.json").read_text())
     assert summary["step"] == 4 and summary["reward/mean"] == pytest.approx(0.4)  # the last values
     assert summary["summary/steps"] == 4 and summary["summary/reward/all/first"] == pytest.approx(0.15)
+    # the start-up timeline (launch/startup.py), as the run's summary.json has it too
+    assert summary["summary/start_up/trainer"] == 7.25 and summary["summary/start_up/first_step"] == 9.0
+    assert json.loads((tmp_path / "summary.json").read_text())["start_up"] == {"ray": 1.5, "trainer": 7.25,
+                                                                               "first_step": 9.0}
     assert "loss/pg" not in summary and "kl/math" not in summary  # NaN and None are left out of W&B
     assert run["steps"] == [1, 2, 3, 4] and run["exit_code"] == 0
 

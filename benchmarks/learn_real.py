@@ -122,6 +122,10 @@ def trl_child(args) -> None:
             self.t = now
 
         def on_log(self, args_, state, control, logs=None, **kw):
+            if logs and "eval_reward" in logs:  # --eval-every: the held-out prompts' mean reward (pass@1, 0/1 reward)
+                with log_path.open("a") as f:
+                    f.write(json.dumps({"step": state.global_step, "eval_reward": float(logs["eval_reward"]),
+                                        "wall": time.time()}) + "\n")
             if logs and "reward" in logs:
                 row = self.rows.setdefault(state.global_step, {})
                 row.update(step=state.global_step, reward=float(logs["reward"]))
@@ -140,12 +144,23 @@ def trl_child(args) -> None:
         max_steps=args.steps, logging_steps=1, report_to="none", save_strategy="no", seed=args.seed,
         remove_unused_columns=False,
     )
+    eval_data = None
+    if args.eval_every:  # held-out pass@1 like ours (eval.n_samples=4 on the first eval.max_prompts of eval/math.jsonl)
+        held = [json.loads(x) for x in (BUNDLED_DIR / "eval" / "math.jsonl").read_text().splitlines() if x.strip()]
+        held = held[: args.eval_prompts]
+        eval_data = Dataset.from_list([{"prompt": [{"role": "system", "content": SYSTEM},
+                                                   {"role": "user", "content": r["question"]}],
+                                        "answer": r["answer"]} for r in held])
+        kw.update(eval_strategy="steps", eval_steps=args.eval_every, num_generations_eval=4,
+                  per_device_eval_batch_size=4 * len(held))
     if args.smoke:  # a CPU check of this script's TRL wiring: tiny sizes, transformers generation
         kw.update(use_vllm=False, bf16=False, use_cpu=True, per_device_train_batch_size=4, num_generations=2,
                   max_completion_length=8, gradient_accumulation_steps=1)
+        if eval_data is not None:
+            kw.update(num_generations_eval=2, per_device_eval_batch_size=2 * len(eval_data))
     cfg = GRPOConfig(**kw)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # fp32 master weights, bf16 autocast
-    trainer = GRPOTrainer(model=model, reward_funcs=[math_reward], args=cfg, train_dataset=data,
+    trainer = GRPOTrainer(model=model, reward_funcs=[math_reward], args=cfg, train_dataset=data, eval_dataset=eval_data,
                           processing_class=AutoTokenizer.from_pretrained(path), callbacks=[StepLog()])
     trainer.train()
 
@@ -311,6 +326,9 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=256, help="with --trl-child: samples per forward/backward")
     ap.add_argument("--vllm-mem", type=float, default=0.3)
     ap.add_argument("--smoke", action="store_true", help="with --trl-child: tiny CPU run without vLLM")
+    ap.add_argument("--eval-every", type=int, default=0, help="with --trl-child: held-out pass@1 every N steps "
+                    "(steps.jsonl rows with eval_reward; benchmarks/time_to_reward.py)")
+    ap.add_argument("--eval-prompts", type=int, default=64, help="with --trl-child --eval-every: held-out prompts")
     args = ap.parse_args()
     if args.trl_child:
         trl_child(args)

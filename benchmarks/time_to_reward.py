@@ -1,0 +1,137 @@
+"""Time to reward (issue 37): wall seconds from the command to a held-out pass@1 target on `smol_math`, cold start
+included, for this project (with and without dynamic sampling) and TRL's GRPOTrainer on the same task.
+
+Each run starts as a fresh command. Ours is `python -m launch.train +experiment=smol_math` with `eval.every=N`, and
+its metrics.jsonl gives `eval/math/pass@1`. TRL is `benchmarks/learn_real.py --trl-child --eval-every N`, and its
+steps.jsonl gives `eval_reward`: the mean 0/1 math reward of 4 samples on each of the same 64 held-out prompts,
+which is pass@1. A run is watched from outside: the first evaluation at or above `--target` stops the clock, and the
+run is stopped. A run that never gets there within `--max-steps` or `--timeout` is reported as not reached, with its
+best evaluation.
+verl is not shipped here yet (issue 37).
+
+    python benchmarks/time_to_reward.py --out /tmp/ttr --target 0.3 --every 5 --max-steps 60 [--runs ours ours_ds trl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ("ours", "ours_ds", "trl")
+LABELS = {"ours": "ours (smol_math)", "ours_ds": "ours + dynamic sampling (data.dynamic_sampling.enabled)",
+          "trl": "TRL 1.16 GRPOTrainer (learn_real.py's settings)"}
+
+
+def command(run: str, run_dir: Path, every: int, max_steps: int, extra: list[str],
+            experiment: str = "smol_math") -> list[str]:
+    """The run's command line; `extra`: more Hydra overrides for ours, more learn_real.py arguments for TRL;
+    `experiment`: ours' experiment (another one for a check on the CPU; its math domain is the one evaluated)."""
+    if run == "trl":
+        return [sys.executable, str(ROOT / "benchmarks" / "learn_real.py"), "--trl-child", "--out",
+                str(run_dir.parent), "--run", run_dir.name, "--steps", str(max_steps), "--eval-every", str(every),
+                *extra]
+    dynamic = ["data.dynamic_sampling.enabled=true"] if run == "ours_ds" else []
+    return [sys.executable, "-m", "launch.train", f"+experiment={experiment}", f"run_dir={run_dir}",
+            f"trainer.total_steps={max_steps}", f"eval.every={every}", "logger.mode=disabled",
+            "logger.progress_bar=false", *dynamic, *extra]
+
+
+def evaluations(run: str, run_dir: Path) -> list[tuple[int, float]]:
+    """(step, held-out pass@1) of every evaluation the run has written so far."""
+    path = run_dir / ("steps.jsonl" if run == "trl" else "metrics.jsonl")
+    key = "eval_reward" if run == "trl" else "eval/math/pass@1"
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line being written
+            continue
+        if isinstance(row.get(key), (int, float)):
+            out.append((int(row["step"]), float(row[key])))
+    return out
+
+
+def first_reaching(evals: list[tuple[int, float, float]], target: float) -> tuple[int, float, float] | None:
+    """The first (step, pass@1, seconds) at or above `target`."""
+    return next((e for e in evals if e[1] >= target), None)
+
+
+def stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """Ctrl-C to the run's process group (our runs close their actors), then SIGKILL after `grace` seconds."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def time_to_reward(run: str, out: Path, target: float, every: int, max_steps: int, timeout: float,
+                   extra: list[str], poll: float = 1.0, experiment: str = "smol_math") -> dict:
+    """Start the run, watch its evaluations, stop it at the first one at or above `target`; the seconds count from
+    just before the command starts (each evaluation's seconds: when the watcher first saw it, <= `poll` late)."""
+    run_dir = out / run
+    cmd = command(run, run_dir, every, max_steps, extra, experiment)
+    seen: list[tuple[int, float, float]] = []
+    t0 = time.time()
+    with open(out / f"{run}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            while time.time() - t0 < timeout:
+                for step, value in evaluations(run, run_dir)[len(seen):]:
+                    seen.append((step, value, round(time.time() - t0, 1)))
+                    print(f"[time_to_reward] {run}: step {step} pass@1 {value:.3f} at {seen[-1][2]:.0f} s", flush=True)
+                if first_reaching(seen, target) or proc.poll() is not None:
+                    break
+                time.sleep(poll)
+        finally:
+            stop(proc)
+    hit = first_reaching(seen, target)
+    best = max(seen, key=lambda e: e[1]) if seen else None
+    return {"run": run, "target": target, "reached": hit is not None, "seconds": hit[2] if hit else None,
+            "step": hit[0] if hit else None, "best_pass@1": best[1] if best else None,
+            "evaluations": [list(e) for e in seen], "exit_code": proc.returncode, "command": " ".join(cmd[1:])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--target", type=float, required=True, help="held-out pass@1 to reach")
+    ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
+    ap.add_argument("--every", type=int, default=5, help="steps between held-out evaluations")
+    ap.add_argument("--max-steps", type=int, default=60)
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    ap.add_argument("--ours-extra", default="", help="more Hydra overrides for our runs, one string")
+    ap.add_argument("--trl-extra", default="", help="more learn_real.py arguments for TRL, one string "
+                    "(--trl-extra='--vllm-mem 0.4')")
+    ap.add_argument("--experiment", default="smol_math", help="our runs' experiment (its math domain is evaluated)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for run in args.runs:  # one after the other: each one's cold start on a machine nothing else uses
+        extra = shlex.split(args.trl_extra if run == "trl" else args.ours_extra)
+        results.append(time_to_reward(run, args.out, args.target, args.every, args.max_steps, args.timeout, extra,
+                                      experiment=args.experiment))
+        (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"\n| run | held-out pass@1 >= {args.target} after | at step | best pass@1 |")
+    print("|---|---|---|---|")
+    for r in results:
+        when = f"{r['seconds']:.0f} s" if r["reached"] else "not reached"
+        best = f"{r['best_pass@1']:.3f}" if r["best_pass@1"] is not None else "-"
+        label = LABELS[r["run"]].replace("smol_math", args.experiment)
+        print(f"| {label} | {when} | {r['step'] or '-'} | {best} |")
+
+
+if __name__ == "__main__":
+    main()

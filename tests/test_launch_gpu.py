@@ -61,6 +61,20 @@ PLACEMENTS = {
                       "trainer.num_processes=2", "rollout.num_workers=1", "rollout.tensor_parallel_size=2",
                       "trainer.zero_stage=3", "trainer.ref_placement=sharded", "rewards.judge.num_gpus=0.1",
                       "rollout.gpu_memory_utilization=0.25"],
+    # the same with vLLM's expert parallelism (each TP rank holds 4 of the 8 experts whole instead of a slice of
+    # each): routes captured on the driver rank, the weight sync's full expert tensors mapped to each rank's experts
+    "colocated-tp2-ep": ["rollout.placement=colocated", "rollout.num_gpus=0.4", "trainer.num_gpus=0.4",
+                         "trainer.num_processes=2", "rollout.num_workers=1", "rollout.tensor_parallel_size=2",
+                         "+rollout.engine_args.enable_expert_parallel=true", "trainer.zero_stage=3",
+                         "trainer.ref_placement=sharded", "rewards.judge.num_gpus=0.1",
+                         "rollout.gpu_memory_utilization=0.25"],
+    # four GPUs, tensor parallel 4, the optimizer state in host memory (the layout of benchmarks/large_shape.py
+    # --gpus 4 --offload)
+    "colocated-tp4-offload": ["rollout.placement=colocated", "rollout.num_gpus=0.4", "trainer.num_gpus=0.4",
+                              "trainer.num_processes=4", "rollout.num_workers=1", "rollout.tensor_parallel_size=4",
+                              "trainer.zero_stage=3", "trainer.offload_optimizer=cpu",
+                              "trainer.ref_placement=sharded", "rewards.judge.num_gpus=0.1",
+                              "rollout.gpu_memory_utilization=0.25"],
     # two GPUs: vLLM owns one; the trainer, the reference and the judge share the other
     "split": ["rollout.placement=split", "rollout.num_gpus=1", "trainer.num_gpus=0.5", "trainer.ref_num_gpus=0.25",
               "rewards.judge.num_gpus=0.25", "rollout.gpu_memory_utilization=0.5"],
@@ -74,8 +88,9 @@ def model_path(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
 def test_launch_train_on_vllm(placement, model_path, tmp_path):
-    if placement not in ("colocated", "colocated-dynamic") and torch.cuda.device_count() < 2:
-        pytest.skip(f"{placement} needs 2 GPUs")
+    gpus = 1 if placement in ("colocated", "colocated-dynamic") else 4 if "tp4" in placement else 2
+    if torch.cuda.device_count() < gpus:
+        pytest.skip(f"{placement} needs {gpus} GPUs")
     run_dir = tmp_path / "run"
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": "cuda",
            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}

@@ -371,3 +371,17 @@ def test_optimizer_offloaded_to_the_host_gives_the_same_update(setup, zero_stage
     assert "lm_head.weight" in moved
     for k in plain:
         assert torch.allclose(plain[k].float(), offloaded[k].float(), atol=1e-6), k
+
+
+def test_zero0_logs_the_gradient_norm_deepspeed_does_not_keep(setup):
+    """ZeRO-0 in float32 steps torch's optimizer, whose clipping norm DeepSpeed drops (get_global_grad_norm() is
+    None): the trainer takes the norm itself, the same as ZeRO-2's."""
+    cfg, trajs, path = setup
+    port = _port()
+    tr0, _, after0, sums0 = _train_once(cfg, trajs, path, 0, port)
+    assert tr0.engine.get_global_grad_norm() is None  # DeepSpeed's own reading stays empty
+    _, _, after2, sums2 = _train_once(cfg, trajs, path, 2, port)
+    assert sums2["grad_norm"] > 0
+    assert abs(sums0["grad_norm"] - sums2["grad_norm"]) < 1e-5 * sums2["grad_norm"]
+    for k in after2:
+        assert torch.allclose(after0[k].float(), after2[k].float(), atol=1e-6), k

@@ -151,6 +151,7 @@ class PolicyTrainer:
         micro = per_rank_samples(cfg, world_size) if self.auto_micro else int(tcfg["micro_batch_size"])
         ds_cfg = deepspeed_config(tcfg, cfg["model"]["dtype"], self.grad_accum, world_size, micro)
         self.zero_stage = int(tcfg["zero_stage"])
+        self._grad_norm = 0.0  # the last boundary's gradient norm where DeepSpeed keeps none (`_step`)
         module = PolicyForward(model)
         if self.zero_stage == 3:
             # partitioned here, one parameter at a time: deepspeed.initialize would first move the whole model to
@@ -255,14 +256,15 @@ class PolicyTrainer:
                             self.engine.set_gradient_accumulation_boundary(mc_index == len(micro) - 1)
                         self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
                     if not self.coalesce:
-                        self.engine.step()
+                        self._step()
                     routing = replay.device_counts()  # read with the other sums, once the step is done
                     stat_sums.add(forward_sums(batch, out, routing, first_minibatch=mb_index == 0))
                     stat_sums.add(self.objective.sums(batch, stats))
             if self.coalesce:  # the mini-batch's gradients were reduced as the block ended: its one update
                 self.engine.set_gradient_accumulation_boundary(True)
-                self.engine.step()
-            sums["grad_norm"] += float(self.engine.get_global_grad_norm() or 0.0)
+                self._step()
+            norm = self.engine.get_global_grad_norm()
+            sums["grad_norm"] += float(self._grad_norm if norm is None else norm)
             sums["optimizer_steps"] += 1
         sums["lr"] = float(self.engine.get_lr()[0])
         sums.update(stat_sums.totals())
@@ -272,6 +274,16 @@ class PolicyTrainer:
         if self.colocated:
             release_cached_memory(self.engine.device, self.engine_share)
         return dict(sums)
+
+    def _step(self) -> None:
+        """`engine.step()`. Where DeepSpeed keeps no gradient norm (ZeRO-0 in float32: torch's optimizer, clipped by
+        a `clip_grad_norm_` whose value DeepSpeed drops), the norm of the gradients is taken here first, at the
+        accumulation boundary (they are already reduced over the ranks then), for `grad_norm`."""
+        if not hasattr(self.engine.optimizer, "_global_grad_norm") and self.engine.is_gradient_accumulation_boundary():
+            grads = [p.grad.detach().float() for p in self.model.parameters() if p.grad is not None]
+            self._grad_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+                                    ) if grads else 0.0
+        self.engine.step()
 
     def _one_reduction(self):
         """The block of one mini-batch's micro-batches (see `self.coalesce`); a plain block otherwise."""

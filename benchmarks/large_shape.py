@@ -14,8 +14,8 @@ trainer, vLLM and reference together), mismatch/routing_frac and mismatch/logpro
     python benchmarks/large_shape.py --shape moe30b --layers 24 --gpus 4 --offload --steps 10   # on four GPUs
 
 With --offload the optimizer state lives in host memory (`trainer.offload_optimizer=cpu`); the peak host memory
-(MemTotal - MemAvailable) is printed with the GPUs'. kv_cache_tokens: the KV cache each vLLM instance sized, the
-most tokens a prompt and its response can reach at rollout.
+(MemTotal - MemAvailable) is printed with the GPUs'. kv_cache_tokens: the KV cache each vLLM instance (rollout and
+judge) sized, shared by the sequences it runs at once.
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ def host_memory_used() -> int:
 
 
 def kv_cache_tokens(log: Path) -> list[int]:
-    """The KV cache vLLM sized for each instance ("GPU KV cache size: N tokens" in the run's log): the most tokens one
-    response (with its prompt) can reach at rollout."""
+    """The KV cache vLLM sized for each instance ("GPU KV cache size: N tokens" in the run's log), shared by all the
+    sequences it runs at once: with the batch's size it bounds how long their responses can grow without preemption
+    (one sequence is capped by max_model_len too)."""
     if not log.exists():
         return []
     return [int(m.replace(",", "")) for m in re.findall(r"GPU KV cache size: ([\d,]+) tokens", log.read_text(errors="replace"))]

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,15 +66,19 @@ def first_reaching(evals: list[tuple[int, float, float]], target: float) -> tupl
 
 
 def stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
-    """Ctrl-C to the run's process group (our runs close their actors), then SIGKILL after `grace` seconds."""
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGINT)
+    """Ctrl-C to the run's process group (our runs close their actors), up to `grace` seconds for it to end, then
+    SIGKILL to whatever of the group is left (a straggler holding the GPU would spoil the next run's cold start)."""
     try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    except ProcessLookupError:  # the whole group has already ended
+        pass
+    proc.wait()
 
 
 def time_to_reward(run: str, out: Path, target: float, every: int, max_steps: int, timeout: float,
@@ -81,6 +86,9 @@ def time_to_reward(run: str, out: Path, target: float, every: int, max_steps: in
     """Start the run, watch its evaluations, stop it at the first one at or above `target`; the seconds count from
     just before the command starts (each evaluation's seconds: when the watcher first saw it, <= `poll` late)."""
     run_dir = out / run
+    if run_dir.exists():  # an earlier run's evaluations would be read as this one's
+        print(f"[time_to_reward] {run}: removing the earlier run in {run_dir}", flush=True)
+        shutil.rmtree(run_dir)
     cmd = command(run, run_dir, every, max_steps, extra, experiment)
     seen: list[tuple[int, float, float]] = []
     t0 = time.time()

@@ -304,14 +304,13 @@ class Cluster:
         rollout_cls = ray.remote(num_cpus=r["num_cpus"], num_gpus=rollout_gpus)(RolloutWorker)
         self.rollout = ActorPool(
             "rollout",
-            lambda i: rollout_cls.options(**self._placement.worker_options(i)).remote(
-                cfg, model_path, i, self._placement.worker_env(i)),
+            self._watched("rollout", int(r["num_workers"]), lambda i: rollout_cls.options(
+                **self._placement.worker_options(i)).remote(cfg, model_path, i, self._placement.worker_env(i))),
             int(r["num_workers"]),
             on_restart=self._reload_worker,
             timeout_s=r.get("timeout_s"),
             start_waves=engines_per_gpu(cfg),
         )
-        self._watch("rollout", self.rollout.actors)
         if placement_spec(r).gpu_memory and not trainers_first:
             self.rollout.wait_ready()  # vLLM profiles GPU memory at start: start it before the trainers allocate
         if uses_rubric_judge(cfg["domains"]):  # one rubric-judge actor for the run, shared by the reward workers
@@ -320,15 +319,14 @@ class Cluster:
             judge_cls = ray.remote(num_cpus=jc["num_cpus"], num_gpus=jc["num_gpus"], max_restarts=3)(JudgeWorker)
             # rewards.judge.model null -> the policy's model_path
             self.judge = judge_cls.options(**self._placement.options("judge")).remote(cfg, model_path)
-            self._watch("judge", [self.judge])
+            self._watch("judge", self.judge)
             if gpu_judge:
                 ray.get(self.judge.ready.remote())  # a vLLM judge, too, must profile memory before the trainers
         reward_cls = ray.remote(num_cpus=rw["actor_num_cpus"])(RewardWorker)
         self.rewards = ActorPool(
-            "reward", lambda i: reward_cls.remote(cfg, judge=self.judge), int(rw["num_actors"]),
-            timeout_s=rw.get("actor_timeout_s"),
+            "reward", self._watched("reward", int(rw["num_actors"]), lambda i: reward_cls.remote(cfg, judge=self.judge)),
+            int(rw["num_actors"]), timeout_s=rw.get("actor_timeout_s"),
         )
-        self._watch("reward", self.rewards.actors)
         if not trainers_first:
             self._start_trainers(cfg, model_path)
         self.rollout.wait_ready()
@@ -347,13 +345,21 @@ class Cluster:
             if self.timeline is not None:
                 self.timeline.mark("weight_sync_ready")
 
-    def _watch(self, role: str, actors: list) -> None:
-        """Mark each actor's readiness on the start-up timeline: `role` for one actor, `role<i>` for several."""
-        if self.timeline is None:
-            return
-        for i, actor in enumerate(actors):
-            name = role if len(actors) == 1 else f"{role}{i}"
-            when_ready(actor.ready.remote(), lambda name=name: self.timeline.mark(name))
+    def _watch(self, name: str, actor) -> None:
+        """Mark `name` on the start-up timeline when `actor` is ready (its constructor has ended: an actor whose
+        constructor raised is marked then too; the run usually ends with it, a restarted judge does not)."""
+        if self.timeline is not None:
+            when_ready(actor.ready.remote(), lambda: self.timeline.mark(name))
+
+    def _watched(self, role: str, size: int, factory: Callable[[int], ray.actor.ActorHandle]):
+        """`factory`, each actor it starts watched as it starts (`role`, or `role<i>` of several): a pool that starts
+        in waves waits for each wave before the next, and only a mark from the start shows each one's own time."""
+        def start(i: int):
+            actor = factory(i)
+            self._watch(role if size == 1 else f"{role}{i}", actor)
+            return actor
+
+        return start
 
     def _start_trainers(self, cfg: dict, model_path: str) -> None:
         """Create the trainer ranks and the reference model (their `ready` is awaited later)."""
@@ -366,7 +372,8 @@ class Cluster:
         addr, port = ray.get(self._store.address.remote())
         self.trainers = [trainer_cls.options(**self._placement.options(rank)).remote(cfg, model_path, rank, n, addr, port)
                          for rank in range(n)]
-        self._watch("trainer", self.trainers)
+        for rank, trainer in enumerate(self.trainers):
+            self._watch("trainer" if n == 1 else f"trainer{rank}", trainer)
         if "teacher" in objective_of(cfg).needs:
             self.teacher_paths = teachers_of(cfg)
         if self.frozen_sharded:  # built by each trainer rank (PolicyTrainer.frozen)
@@ -374,12 +381,13 @@ class Cluster:
         if needs_reference(cfg) and "reference" in objective_of(cfg).needs:
             ref_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
             self.reference = ref_cls.options(**self._placement.options("reference")).remote(cfg, model_path)
-            self._watch("reference", [self.reference])
+            self._watch("reference", self.reference)
         if "teacher" in objective_of(cfg).needs:
             teacher_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
             self.teachers = {path: teacher_cls.options(**self._placement.options("teacher")).remote(cfg, path, "teacher")
                              for path in teachers_of(cfg)}
-            self._watch("teacher", list(self.teachers.values()))
+            for i, teacher in enumerate(self.teachers.values()):
+                self._watch("teacher" if len(self.teachers) == 1 else f"teacher{i}", teacher)
 
     def _get_trainers(self, refs: list, role: str = "a PolicyTrainer rank"):
         """Results of the stateful actors (trainer ranks, the reference): one that died ends the run."""

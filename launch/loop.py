@@ -51,7 +51,7 @@ def train(cfg: dict, launched: float | None = None) -> dict:
         cluster = Cluster({**cfg, "run_dir": str(run_dir)}, model_path, timeline)
         start = resume(cluster, source, candidates)
         tracker = Tracker(cfg, run_dir, total, start, resume=bool(candidates), launched=timeline.launched,
-                          start_up=timeline.marks)
+                          start_up=timeline.ordered)
         source.start(cluster, tracker, total)
         peak = resolve_peak_tflops(t.get("peak_tflops"), cluster.trainer_device_name())
         perf = PerfMeter(load_body_flops(model_path), peak, int(t["num_processes"]),

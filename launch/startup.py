@@ -18,7 +18,7 @@ class StartupTimeline:
     def __init__(self, launched: float):
         """`launched`: the command's start (time.time())."""
         self.launched = launched
-        self.marks: dict[str, float] = {}  # milestone -> seconds since launched, filled in place (Tracker reads it)
+        self.marks: dict[str, float] = {}  # milestone -> seconds since launched (read through `ordered`)
         self._lock = threading.Lock()
 
     def mark(self, name: str) -> None:

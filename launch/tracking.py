@@ -18,6 +18,7 @@ import os
 import secrets
 import string
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from launch.wandb_logger import WandbProcess, reward_summary, wandb_summary
@@ -46,10 +47,11 @@ def json_line(obj) -> str:
 
 class Tracker:
     def __init__(self, cfg: dict, run_dir: Path, total_steps: int, start_step: int, resume: bool,
-                 launched: float | None = None, start_up: dict | None = None):
+                 launched: float | None = None, start_up: Callable[[], dict] | None = None):
         """`launched`: when the run began (time.time()), to report the start-up time apart from training;
-        `start_up`: the start-up timeline's marks (launch/startup.py), read when the summary is written."""
-        self.start_up = start_up if start_up is not None else {}
+        `start_up`: the start-up timeline's marks in time order (`StartupTimeline.ordered`, which reads them under
+        its lock: Ray threads may still add some), called when the summary is written."""
+        self.start_up = start_up or dict
         lcfg = cfg["logger"]
         self.run_dir, self.total_steps = run_dir, total_steps
         self.path = run_dir / "metrics.jsonl"
@@ -146,7 +148,7 @@ class Tracker:
         out: dict = {"steps": len(rows), "last_step": rows[-1]["step"] if rows else 0,
                      "seconds_training": round(time.time() - self.started, 1),
                      "seconds_start_up": round(self.started - self.launched, 1), "reward": reward_summary(rows),
-                     "start_up": dict(sorted(self.start_up.items(), key=lambda kv: kv[1]))}
+                     "start_up": self.start_up()}
         ckpts = sorted((self.run_dir / "checkpoints").glob("step_*/COMPLETE"))
         out["outputs"] = {"run_dir": str(self.run_dir), "metrics": str(self.path),
                           # SFT writes no rollouts: name the folder only when it holds something

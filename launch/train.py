@@ -34,7 +34,7 @@ def main(cfg: DictConfig) -> None:
     fresh = is_fresh_run_dir(run_dir)
     try:
         with logging_redirect_tqdm():  # log lines print above the progress bar instead of through it
-            summary = train(OmegaConf.to_container(cfg, resolve=True), launched=LAUNCHED)
+            summary = train(OmegaConf.to_container(cfg, resolve=True), launched=take_launched())
     except ConfigError as e:
         log.error("config error: %s", e)
         if fresh:  # a run refused at start leaves no run_dir behind (the message is on the console)
@@ -89,6 +89,14 @@ def override_error(overrides: list[str]) -> str | None:
     except (HydraException, OmegaConfBaseException) as exc:
         return hydra_error_line(exc)
     return None
+
+
+def take_launched() -> float | None:
+    """The command's start, for its first run only: Hydra's multirun (-m) runs its jobs one after another in this
+    process, and each later one starts when it starts (None: train() takes its own start)."""
+    global LAUNCHED
+    launched, LAUNCHED = LAUNCHED, None
+    return launched
 
 
 def process_started() -> float:

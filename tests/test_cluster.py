@@ -602,8 +602,8 @@ def test_the_start_up_timeline_marks_each_actor_when_it_is_ready_not_when_the_dr
     timeline.mark("ray")
     slow, quick = _StartsIn.remote(2.0), _StartsIn.remote(0.0)
     cluster = types.SimpleNamespace(timeline=timeline)  # what Cluster._watch reads of the cluster
-    Cluster._watch(cluster, "slow", [slow])
-    Cluster._watch(cluster, "quick", [quick])
+    Cluster._watch(cluster, "slow", slow)
+    Cluster._watch(cluster, "quick", quick)
     ray.get(slow.ready.remote())  # the driver's own wait, slow first
     deadline = time.perf_counter() + 10
     while len(timeline.marks) < 3 and time.perf_counter() < deadline:
@@ -616,3 +616,17 @@ def test_the_start_up_timeline_marks_each_actor_when_it_is_ready_not_when_the_dr
     timeline.mark("ray")
     assert timeline.marks["ray"] == first
     assert timeline.format().startswith("ray ") and timeline.format().index("quick") < timeline.format().index("slow")
+
+
+def test_a_pool_started_in_waves_marks_each_worker_at_its_own_ready_time(ray_local):
+    """Workers sharing a GPU start in waves (each wave ready before the next starts): each one's mark is its own,
+    so the second wave's is later than the first's by its own start."""
+    timeline = StartupTimeline(time.time())
+    cluster = types.SimpleNamespace(timeline=timeline)
+    cluster._watch = types.MethodType(Cluster._watch, cluster)
+    factory = Cluster._watched(cluster, "rollout", 2, lambda i: _StartsIn.remote(1.0))
+    ActorPool("rollout", factory, 2, start_waves=2)
+    deadline = time.perf_counter() + 10
+    while len(timeline.marks) < 2 and time.perf_counter() < deadline:
+        time.sleep(0.01)
+    assert timeline.marks["rollout1"] - timeline.marks["rollout0"] >= 0.8

@@ -385,3 +385,24 @@ def test_zero0_logs_the_gradient_norm_deepspeed_does_not_keep(setup):
     assert abs(sums0["grad_norm"] - sums2["grad_norm"]) < 1e-5 * sums2["grad_norm"]
     for k in after2:
         assert torch.allclose(after0[k].float(), after2[k].float(), atol=1e-6), k
+
+
+def test_zero3_partitioning_moves_the_buffers_with_the_parameters():
+    """`zero.Init` moves parameters only, and deepspeed.initialize then skips its own move of the module: every
+    buffer (a DeepSeek-V3 router's score-correction bias) must reach the rank's device by `move_buffers`, persistent
+    or not, wherever it sits in the module tree."""
+    from trainer.dist import move_buffers
+
+    class Router(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(4, 2))
+            self.register_buffer("e_score_correction_bias", torch.zeros(4))
+            self.register_buffer("scratch", torch.zeros(2), persistent=False)
+
+    model = torch.nn.Sequential(Router(), torch.nn.Sequential(Router()))
+    move_buffers(model, "meta")
+    assert all(b.device.type == "meta" for b in model.buffers()) and len(list(model.buffers())) == 4
+    assert all(p.device.type == "cpu" for p in model.parameters())  # the parameters are zero.Init's
+    assert set(model.state_dict()) == {"0.weight", "0.e_score_correction_bias", "1.0.weight",
+                                       "1.0.e_score_correction_bias"}  # registration kept: non-persistent stay out

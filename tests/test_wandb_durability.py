@@ -28,7 +28,7 @@ from launch.tracking import Tracker
 run_dir, first, last, resume, name, end, pad = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5], sys.argv[6], int(sys.argv[7])
 cfg = {{"run_name": name, "lr": 0.5, "logger": {{"mode": "offline", "project": "t", "progress_bar": False, "save_rollouts": False}}}}
 tracker = Tracker(cfg, run_dir, total_steps=100, start_step=first - 1, resume=resume,
-                  start_up={{"ray": 1.5, "trainer": 7.25, "first_step": 9.0}})
+                  start_up=lambda: {{"ray": 1.5, "trainer": 7.25, "first_step": 9.0}})
 for step in range(first, last + 1):
     tracker.log({{"step": step, "reward/mean": 0.1 * step, "kl/math": None, "loss/pg": float("nan"),
                  **{{f"time/part{{i}}": step + i / 7 for i in range(pad)}}}})

@@ -84,6 +84,26 @@ def init_process_group_env(rank: int, world_size: int, master_addr: str, master_
         # The shared-memory comm op JIT-compiles for minutes on first use; gloo is enough for us.
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
+def partition_zero3(module: torch.nn.Module, config: dict) -> None:
+    """ZeRO-3's partitions of a model loaded whole on the CPU, made one parameter at a time: deepspeed.initialize
+    would first move the whole model to this rank's GPU (a 30B model's 61 GB next to the reference and a colocated
+    vLLM). `zero.Init` moves the parameters only, and initialize then skips its own move of the module, so the
+    buffers (a DeepSeek-V3 router's score-correction bias, rotary tables) follow here."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    deepspeed.zero.Init(module=module, config_dict_or_path=config)
+    move_buffers(module, torch.device(get_accelerator().current_device_name()))
+
+
+def move_buffers(module: torch.nn.Module, device) -> None:
+    """Every buffer of `module` and its submodules to `device`, registered as before (persistent or not)."""
+    for sub in module.modules():
+        for name, buf in sub._buffers.items():
+            if buf is not None and buf.device != torch.device(device):
+                sub._buffers[name] = buf.to(device)
+
+
 # trainer.micro_batch_size=auto: the samples per micro-batch on CPU, where there is no GPU memory to fit (on a GPU
 # `trainer.micro_batch_memory` says what share of the free memory a micro-batch's activations may take)
 AUTO_MICRO_BATCH_CPU = 8

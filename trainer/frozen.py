@@ -26,7 +26,7 @@ from rl.config import (head_options, logprob_temperature, micro_batch_memory, pa
                        varlen_attention)
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
-from trainer.dist import agreed_counts, auto_micro_batch_counts, pick_device, release_cached_memory
+from trainer.dist import agreed_counts, auto_micro_batch_counts, partition_zero3, pick_device, release_cached_memory
 from trainer.forward import PolicyForward, compile_layers, forward_logprobs, logit_scale, route_replay
 from trainer.payload import fetch_heavy
 
@@ -67,9 +67,7 @@ class FrozenModel:
 
             module = PolicyForward(self.model)
             config = zero3_inference_config(cfg["model"]["dtype"])
-            # partitioned here, one parameter at a time: deepspeed.initialize would first move the whole model to
-            # this rank's GPU, next to the policy and a colocated vLLM
-            deepspeed.zero.Init(module=module, config_dict_or_path=config)
+            partition_zero3(module, config)  # never whole on this rank's GPU, next to the policy and a colocated vLLM
             self.engine = deepspeed.initialize(model=module, config=config)[0]
             module.register_zero3_external_head()  # the chunked logprob reads the head's weight directly
             self.engine.eval()

@@ -27,8 +27,8 @@ from rl.metrics import TrainStatSums, forward_sums
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
 from trainer.dist import (
-    agreed_counts, auto_micro_batch_counts, free_memory_bytes, free_port, init_process_group, memory_gib, node_address, pick_device,
-    release_cached_memory,
+    agreed_counts, auto_micro_batch_counts, free_memory_bytes, free_port, init_process_group, memory_gib, node_address,
+    partition_zero3, pick_device, release_cached_memory,
 )
 from trainer.forward import ForwardOut, PolicyForward, compile_layers, logit_scale, route_replay
 from trainer.frozen import FrozenModel
@@ -71,8 +71,6 @@ def deepspeed_config(tcfg: dict, dtype: str, grad_accum: int, world_size: int, m
                 **({"fused": True} if tcfg.get("fused_adam") or offload else {}),
             },
         },
-        # our optimizer is torch's AdamW by choice (above); DeepSpeed would refuse it next to an offload
-        **({"zero_force_ds_cpu_optimizer": False} if offload else {}),
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
@@ -151,12 +149,12 @@ class PolicyTrainer:
         micro = per_rank_samples(cfg, world_size) if self.auto_micro else int(tcfg["micro_batch_size"])
         ds_cfg = deepspeed_config(tcfg, cfg["model"]["dtype"], self.grad_accum, world_size, micro)
         self.zero_stage = int(tcfg["zero_stage"])
-        self._grad_norm = 0.0  # the last boundary's gradient norm where DeepSpeed keeps none (`_step`)
+        # ZeRO-0 in float32: DeepSpeed keeps no gradient norm, the trainer takes it (`_step`)
+        self.own_grad_norm = self.zero_stage == 0 and cfg["model"]["dtype"] == "float32"
+        self._grad_norm = 0.0
         module = PolicyForward(model)
-        if self.zero_stage == 3:
-            # partitioned here, one parameter at a time: deepspeed.initialize would first move the whole model to
-            # this rank's GPU (a 30B model's 61 GB next to the reference and a colocated vLLM)
-            deepspeed.zero.Init(module=module, config_dict_or_path=ds_cfg)
+        if self.zero_stage == 3:  # partitioned here, never whole on this rank's GPU
+            partition_zero3(module, ds_cfg)
         # trainer.ref_placement=sharded: the reference and the distillation teachers live here, partitioned over the
         # ranks (trainer/frozen.py); by name: "reference", or a teacher's model path. Built before the policy's
         # optimizer, whose offloaded state (trainer.offload_optimizer) fills the host: each frozen model passes
@@ -279,7 +277,7 @@ class PolicyTrainer:
         """`engine.step()`. Where DeepSpeed keeps no gradient norm (ZeRO-0 in float32: torch's optimizer, clipped by
         a `clip_grad_norm_` whose value DeepSpeed drops), the norm of the gradients is taken here first, at the
         accumulation boundary (they are already reduced over the ranks then), for `grad_norm`."""
-        if not hasattr(self.engine.optimizer, "_global_grad_norm") and self.engine.is_gradient_accumulation_boundary():
+        if self.own_grad_norm and self.engine.is_gradient_accumulation_boundary():
             grads = [p.grad.detach().float() for p in self.model.parameters() if p.grad is not None]
             self._grad_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
                                     ) if grads else 0.0

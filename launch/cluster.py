@@ -26,6 +26,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from launch.placement import GpuPlacement, check_cpu_reservations, teachers_of, tensor_parallel_size
+from launch.startup import StartupTimeline
 from rewards.judge import uses_rubric_judge
 from rewards.worker import RewardWorker
 from rl.batching import minibatch_norm, split_even
@@ -37,7 +38,6 @@ from rollout.worker import RolloutWorker
 from trainer.dist import node_address, open_store
 from trainer.frozen import FrozenModel
 from trainer.objectives import objective_of
-from launch.startup import StartupTimeline
 from trainer.policy import PolicyTrainer
 
 log = logging.getLogger(__name__)
@@ -262,6 +262,11 @@ class RendezvousStore:
         return node_address(), self.store.port
 
 
+def numbered(role: str, i: int, size: int) -> str:
+    """An actor's name on the start-up timeline: its role, with its index when the role has several actors."""
+    return role if size == 1 else f"{role}{i}"
+
+
 class Cluster:
     def __init__(self, cfg: dict, model_path: str, timeline: StartupTimeline | None = None):
         """`timeline`: where each actor's readiness and the weight sync's set-up are marked (launch/startup.py)."""
@@ -351,12 +356,17 @@ class Cluster:
         if self.timeline is not None:
             when_ready(actor.ready.remote(), lambda: self.timeline.mark(name))
 
+    def _watch_all(self, role: str, actors: list) -> None:
+        """`_watch` each of `actors`: `role`, or `role<i>` of several."""
+        for i, actor in enumerate(actors):
+            self._watch(numbered(role, i, len(actors)), actor)
+
     def _watched(self, role: str, size: int, factory: Callable[[int], ray.actor.ActorHandle]):
-        """`factory`, each actor it starts watched as it starts (`role`, or `role<i>` of several): a pool that starts
-        in waves waits for each wave before the next, and only a mark from the start shows each one's own time."""
+        """`factory`, each actor it starts watched as it starts (`numbered`): a pool that starts in waves waits for
+        each wave before the next, and only a mark from the start shows each one's own time."""
         def start(i: int):
             actor = factory(i)
-            self._watch(role if size == 1 else f"{role}{i}", actor)
+            self._watch(numbered(role, i, size), actor)
             return actor
 
         return start
@@ -372,8 +382,7 @@ class Cluster:
         addr, port = ray.get(self._store.address.remote())
         self.trainers = [trainer_cls.options(**self._placement.options(rank)).remote(cfg, model_path, rank, n, addr, port)
                          for rank in range(n)]
-        for rank, trainer in enumerate(self.trainers):
-            self._watch("trainer" if n == 1 else f"trainer{rank}", trainer)
+        self._watch_all("trainer", self.trainers)
         if "teacher" in objective_of(cfg).needs:
             self.teacher_paths = teachers_of(cfg)
         if self.frozen_sharded:  # built by each trainer rank (PolicyTrainer.frozen)
@@ -386,8 +395,7 @@ class Cluster:
             teacher_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
             self.teachers = {path: teacher_cls.options(**self._placement.options("teacher")).remote(cfg, path, "teacher")
                              for path in teachers_of(cfg)}
-            for i, teacher in enumerate(self.teachers.values()):
-                self._watch("teacher" if len(self.teachers) == 1 else f"teacher{i}", teacher)
+            self._watch_all("teacher", list(self.teachers.values()))
 
     def _get_trainers(self, refs: list, role: str = "a PolicyTrainer rank"):
         """Results of the stateful actors (trainer ranks, the reference): one that died ends the run."""

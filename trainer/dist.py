@@ -84,6 +84,7 @@ def init_process_group_env(rank: int, world_size: int, master_addr: str, master_
         # The shared-memory comm op JIT-compiles for minutes on first use; gloo is enough for us.
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
+
 def partition_zero3(module: torch.nn.Module, config: dict) -> None:
     """ZeRO-3's partitions of a model loaded whole on the CPU, made one parameter at a time: deepspeed.initialize
     would first move the whole model to this rank's GPU (a 30B model's 61 GB next to the reference and a colocated

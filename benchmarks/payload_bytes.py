@@ -63,8 +63,8 @@ def config(args, by_reference: bool, is_moe: bool) -> dict:
 def run(args, model_path: str, by_reference: bool, is_moe: bool) -> dict:
     cfg = config(args, by_reference, is_moe)
     rollout_cls, reward_cls = ray.remote(num_cpus=0.5)(RolloutWorker), ray.remote(num_cpus=0.25)(RewardWorker)
-    rollout = ActorPool("rollout", lambda i: rollout_cls.remote(cfg, model_path, i), args.workers)
-    rewards = ActorPool("reward", lambda i: reward_cls.remote(cfg), 1)
+    rollout = ActorPool("rollout", lambda i, after: rollout_cls.remote(cfg, model_path, i), args.workers)
+    rewards = ActorPool("reward", lambda i, after: reward_cls.remote(cfg), 1)
     rollout.wait_ready()
     rewards.wait_ready()
     mixture = PromptMixture(cfg["domains"], load_tokenizer(model_path), seed=1, max_prompt_tokens=512)

@@ -93,8 +93,11 @@ def time_to_reward(run: str, out: Path, target: float, every: int, max_steps: in
     seen: list[tuple[int, float, float]] = []
     t0 = time.time()
     with open(out / f"{run}.log", "w") as log:
+        # SIGINT restored: a shell's background job (a batch script's `cmd &`) starts with it ignored, and the run
+        # would inherit that and go on to its last step when `stop` asks it to end (seen on the device)
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             while time.time() - t0 < timeout:
                 for step, value in evaluations(run, run_dir)[len(seen):]:

@@ -210,21 +210,25 @@ class RolloutInFlight:
 class ActorPool:
     """Stateless workers of one class; each call splits its items evenly across them (`rl.batching.split_even`)."""
 
-    def __init__(self, name: str, factory: Callable[[int], ray.actor.ActorHandle], size: int,
+    def __init__(self, name: str, factory: Callable[[int, list], ray.actor.ActorHandle], size: int,
                  on_restart: Callable[[ray.actor.ActorHandle], None] | None = None, timeout_s: float | None = None,
                  start_waves: int = 1):
-        """`start_waves` > 1: start the workers in that many waves (wave w: workers i with i % start_waves == w), each
-        wave ready before the next starts: vLLM instances sharing a GPU must not profile its memory at the same time
-        (each would count the other's allocations as its own)."""
+        """`factory(i, after)` starts worker i, whose engine must wait for the `ready` calls in `after`
+        (`trainer.dist.wait_for`). `start_waves` > 1: the workers start in that many waves (wave w: workers i with
+        i % start_waves == w), each wave's engines after the wave before: vLLM instances sharing a GPU must not
+        profile its memory at the same time (each would count the other's allocations as its own). Every worker is
+        created at once, so a later wave's process start and imports overlap the earlier waves' engine starts, and
+        this returns without waiting (`wait_ready`)."""
         self.name, self.factory, self.on_restart, self.timeout_s = name, factory, on_restart, timeout_s
         self.actors: list = [None] * size
         try:
+            after: list = []
             for wave in range(start_waves):
                 started = range(wave, size, start_waves)
                 for i in started:
-                    self.actors[i] = factory(i)
+                    self.actors[i] = factory(i, after)
                 if start_waves > 1:
-                    ray.get([self.actors[i].ready.remote() for i in started])
+                    after = [self.actors[i].ready.remote() for i in started]
         except BaseException:  # the caller never gets the pool: stop what started
             for a in self.actors:
                 if a is not None:
@@ -236,7 +240,7 @@ class ActorPool:
 
     def replace(self, i: int) -> None:
         ray.kill(self.actors[i])  # a hung actor would otherwise keep its CPUs/GPU
-        self.actors[i] = self.factory(i)
+        self.actors[i] = self.factory(i, [])
         ray.get(self.actors[i].ready.remote())
         if self.on_restart is not None:
             self.on_restart(self.actors[i])
@@ -292,48 +296,50 @@ class Cluster:
 
     def _start(self, cfg: dict, model_path: str) -> None:
         if objective_of(cfg).source != "rollouts":  # samples from a dataset: no rollout, reward or judge workers
-            self._start_trainers(cfg, model_path)
+            self._start_trainers(cfg, model_path, [])
             self._get_trainers([a.ready.remote() for a in self.trainers])
             return
         r, rw = cfg["rollout"], cfg["rewards"]
         gpu_judge = uses_rubric_judge(cfg["domains"]) and float(rw["judge"]["num_gpus"] or 0) > 0
-        # vLLM profiles its GPU's free memory as it starts, so the trainers (which allocate) start after it; unless
-        # split instances take GPU shares: then the placement group holds the rollout GPUs (GpuPlacement), no trainer
-        # can land there, and the trainers load while the instances start one after another (a vLLM judge may be
-        # placed on any GPU, so it still starts before them)
+        # vLLM profiles its GPU's free memory as it starts, so whatever allocates on a GPU starts its engine or loads
+        # its model there only after it (`gpu_after`: their ready calls; `trainer.dist.wait_for`), while every actor
+        # is created at once and imports side by side. Unless split instances take GPU shares: then the placement
+        # group holds the rollout GPUs (GpuPlacement), no trainer can land there, and the trainers load while the
+        # instances start (a vLLM judge may be placed on any GPU, so it still starts before them)
         trainers_first = is_split_vllm_on_gpu_shares(cfg) and not gpu_judge
         if trainers_first:
-            self._start_trainers(cfg, model_path)
+            self._start_trainers(cfg, model_path, [])
         # tensor parallel: vLLM's Ray workers hold the instance's GPUs (the rollout worker drives them; placement.py)
         rollout_gpus = 0 if tensor_parallel_size(cfg) > 1 else r["num_gpus"]
         rollout_cls = ray.remote(num_cpus=r["num_cpus"], num_gpus=rollout_gpus)(RolloutWorker)
         self.rollout = ActorPool(
             "rollout",
-            self._watched("rollout", int(r["num_workers"]), lambda i: rollout_cls.options(
-                **self._placement.worker_options(i)).remote(cfg, model_path, i, self._placement.worker_env(i))),
+            self._watched("rollout", int(r["num_workers"]), lambda i, after: rollout_cls.options(
+                **self._placement.worker_options(i)).remote(cfg, model_path, i, self._placement.worker_env(i), after)),
             int(r["num_workers"]),
             on_restart=self._reload_worker,
             timeout_s=r.get("timeout_s"),
             start_waves=engines_per_gpu(cfg),
         )
-        if placement_spec(r).gpu_memory and not trainers_first:
-            self.rollout.wait_ready()  # vLLM profiles GPU memory at start: start it before the trainers allocate
+        gpu_after = [a.ready.remote() for a in self.rollout.actors] if placement_spec(r).gpu_memory else []
         if uses_rubric_judge(cfg["domains"]):  # one rubric-judge actor for the run, shared by the reward workers
             jc = rw["judge"]
             # max_restarts: a judge that dies is restarted; the batches in flight meanwhile score 0 with the reason.
             judge_cls = ray.remote(num_cpus=jc["num_cpus"], num_gpus=jc["num_gpus"], max_restarts=3)(JudgeWorker)
-            # rewards.judge.model null -> the policy's model_path
-            self.judge = judge_cls.options(**self._placement.options("judge")).remote(cfg, model_path)
+            # rewards.judge.model null -> the policy's model_path. A vLLM judge, too, profiles its GPU's memory
+            self.judge = judge_cls.options(**self._placement.options("judge")).remote(
+                cfg, model_path, gpu_after if gpu_judge else [])
             self._watch("judge", self.judge)
             if gpu_judge:
-                ray.get(self.judge.ready.remote())  # a vLLM judge, too, must profile memory before the trainers
+                gpu_after = [*gpu_after, self.judge.ready.remote()]
         reward_cls = ray.remote(num_cpus=rw["actor_num_cpus"])(RewardWorker)
         self.rewards = ActorPool(
-            "reward", self._watched("reward", int(rw["num_actors"]), lambda i: reward_cls.remote(cfg, judge=self.judge)),
+            "reward",
+            self._watched("reward", int(rw["num_actors"]), lambda i, after: reward_cls.remote(cfg, judge=self.judge)),
             int(rw["num_actors"]), timeout_s=rw.get("actor_timeout_s"),
         )
         if not trainers_first:
-            self._start_trainers(cfg, model_path)
+            self._start_trainers(cfg, model_path, gpu_after)
         self.rollout.wait_ready()
         self.rewards.wait_ready()
         if self.judge is not None:
@@ -361,18 +367,19 @@ class Cluster:
         for i, actor in enumerate(actors):
             self._watch(numbered(role, i, len(actors)), actor)
 
-    def _watched(self, role: str, size: int, factory: Callable[[int], ray.actor.ActorHandle]):
-        """`factory`, each actor it starts watched as it starts (`numbered`): a pool that starts in waves waits for
-        each wave before the next, and only a mark from the start shows each one's own time."""
-        def start(i: int):
-            actor = factory(i)
+    def _watched(self, role: str, size: int, factory: Callable[[int, list], ray.actor.ActorHandle]):
+        """`factory`, each actor it starts watched as it starts (`numbered`): a pool that starts in waves starts each
+        wave's engines after the wave before, and only a mark from the start shows each one's own time."""
+        def start(i: int, after: list):
+            actor = factory(i, after)
             self._watch(numbered(role, i, size), actor)
             return actor
 
         return start
 
-    def _start_trainers(self, cfg: dict, model_path: str) -> None:
-        """Create the trainer ranks and the reference model (their `ready` is awaited later)."""
+    def _start_trainers(self, cfg: dict, model_path: str, gpu_after: list) -> None:
+        """Create the trainer ranks, the reference model and the teachers (their `ready` is awaited later); each
+        loads its model to the GPU once the calls in `gpu_after` have returned (`trainer.dist.wait_for`)."""
         t = cfg["trainer"]
         n = int(t["num_processes"])
         trainer_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["num_gpus"])(PolicyTrainer)
@@ -380,8 +387,8 @@ class Cluster:
         # has to run on its node (a 0-CPU actor may land on a node with no GPU for a trainer)
         self._store = RendezvousStore.options(**self._placement.options(0)).remote()
         addr, port = ray.get(self._store.address.remote())
-        self.trainers = [trainer_cls.options(**self._placement.options(rank)).remote(cfg, model_path, rank, n, addr, port)
-                         for rank in range(n)]
+        self.trainers = [trainer_cls.options(**self._placement.options(rank)).remote(
+            cfg, model_path, rank, n, addr, port, gpu_after) for rank in range(n)]
         self._watch_all("trainer", self.trainers)
         if "teacher" in objective_of(cfg).needs:
             self.teacher_paths = teachers_of(cfg)
@@ -389,12 +396,13 @@ class Cluster:
             return
         if needs_reference(cfg) and "reference" in objective_of(cfg).needs:
             ref_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
-            self.reference = ref_cls.options(**self._placement.options("reference")).remote(cfg, model_path)
+            self.reference = ref_cls.options(**self._placement.options("reference")).remote(
+                cfg, model_path, after=gpu_after)
             self._watch("reference", self.reference)
         if "teacher" in objective_of(cfg).needs:
             teacher_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["ref_num_gpus"])(FrozenModel)
-            self.teachers = {path: teacher_cls.options(**self._placement.options("teacher")).remote(cfg, path, "teacher")
-                             for path in teachers_of(cfg)}
+            self.teachers = {path: teacher_cls.options(**self._placement.options("teacher")).remote(
+                cfg, path, "teacher", after=gpu_after) for path in teachers_of(cfg)}
             self._watch_all("teacher", list(self.teachers.values()))
 
     def _get_trainers(self, refs: list, role: str = "a PolicyTrainer rank"):

@@ -12,7 +12,9 @@ another one's placement or weight sync by its name:
   (launch/weight_sync.py), with sleep mode; the engine then also meets `rollout.engines.GPUEngine`;
 - `available`: "module:function" -> bool, whether it can run here (for `rollout.engine=auto`, which takes the first
   available engine of AUTO_ORDER); `requires`: the package it imports, looked up without importing it (a process
-  that sizes memory around an `auto` engine, without starting CUDA).
+  that sizes memory around an `auto` engine, without starting CUDA);
+- `preload`: modules its start imports, imported by a worker while it waits for its turn to start the engine (the
+  instances sharing a GPU start one after another, launch.cluster.ActorPool).
 This module imports no engine code (rl/ sits below rollout/): the strings are resolved in rollout/engines.py, which
 builds engines and resolves `auto`.
 """
@@ -35,6 +37,8 @@ class EngineSpec:
     weight_sync: str  # one of WEIGHT_SYNCS
     available: str | None = None  # "module:function" -> bool; None: always available
     requires: str | None = None  # the package the engine imports (None: only the project's own dependencies)
+    # modules the engine's start imports, worth importing while a worker waits for its turn to start it
+    preload: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.weight_sync not in WEIGHT_SYNCS:
@@ -48,7 +52,8 @@ class EngineSpec:
 ENGINES: dict[str, EngineSpec] = {
     "hf": EngineSpec("hf", build="rollout.hf_engine:build", gpu_memory=False, weight_sync="state_dict"),
     "vllm": EngineSpec("vllm", build="rollout.vllm_engine:build", gpu_memory=True, weight_sync="vllm",
-                       available="rollout.vllm_engine:vllm_available", requires="vllm"),
+                       available="rollout.vllm_engine:vllm_available", requires="vllm",
+                       preload=("vllm.entrypoints.llm",)),
 }
 AUTO = "auto"
 AUTO_ORDER = ("vllm", "hf")  # rollout.engine=auto: the first of these that is available

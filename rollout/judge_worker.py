@@ -12,6 +12,7 @@ from rl.config import to_plain
 from rl.models import resolve_model_path
 from rollout.engines import make_engine
 from rollout.sampling import SamplingParams, decode_response
+from trainer.dist import wait_for
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,9 @@ def build_judge(cfg: Mapping, model_path: str | None = None) -> RubricJudge:
 class JudgeWorker:
     """Ray actor body: one judge model shared by every RewardWorker (they hold its handle)."""
 
-    def __init__(self, cfg: Mapping, model_path: str | None = None):
+    def __init__(self, cfg: Mapping, model_path: str | None = None, after: list = ()):
+        """`after`: ready calls of the vLLM instances that must measure this GPU's free memory first (`wait_for`)."""
+        wait_for(after)
         self.judge = build_judge(to_plain(cfg), model_path)
 
     def ready(self) -> bool:

@@ -18,8 +18,9 @@ import ray
 import torch
 
 from rl.trajectory import Trajectory
-from rollout.engines import make_engine, resolve_engine, sampling_params
+from rollout.engines import import_engine, make_engine, resolve_engine, sampling_params
 from rollout.sampling import Generation, decode_response
+from trainer.dist import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +31,12 @@ EARLY_WAIT_S = 0.2
 
 
 class RolloutWorker:
-    def __init__(self, cfg: dict, model_path: str, rank: int, env: dict[str, str | None] | None = None):
+    def __init__(self, cfg: dict, model_path: str, rank: int, env: dict[str, str | None] | None = None,
+                 after: list = ()):
         """`env`: variables set (None: unset) before the engine starts: where a tensor-parallel vLLM instance's Ray
-        workers go (launch.placement.GpuPlacement.worker_env)."""
+        workers go (launch.placement.GpuPlacement.worker_env). `after`: ready calls of the instances that must
+        measure this GPU's free memory first (an earlier start wave, launch.cluster.ActorPool): the engine's own
+        imports run meanwhile, then the engine starts."""
         for key, value in (env or {}).items():
             if value is None:
                 os.environ.pop(key, None)
@@ -43,6 +47,9 @@ class RolloutWorker:
             torch.set_num_threads(int(rcfg["threads"]))
         self.cfg, self.rank = cfg, rank
         self.engine_kind = resolve_engine(rcfg)
+        if after:
+            import_engine(self.engine_kind)
+            wait_for(after)
         self.engine = make_engine(
             rcfg, cfg["model"], model_path, record_routes=bool(cfg["algorithm"]["keep_routing"]),
             seed=int(cfg["seed"]) * 1_000_003 + rank,

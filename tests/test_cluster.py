@@ -22,6 +22,7 @@ from rl.config import resolve_auto
 from rl.data import PromptMixture
 from rl.models import load_tokenizer
 from rollout.worker import RolloutWorker
+from trainer.dist import wait_for
 from trainer.payload import fetch_heavy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +42,7 @@ def test_dead_rollout_worker_is_replaced_and_resynced(ray_local, tiny_dense_path
     cls = ray.remote(num_cpus=0.5)(RolloutWorker)
     weights = {"state": None}
     pool = ActorPool(
-        "rollout", lambda i: cls.remote(cfg, tiny_dense_path, i), 2,
+        "rollout", lambda i, after: cls.remote(cfg, tiny_dense_path, i), 2,
         on_restart=lambda a: ray.get(a.load_state_dict.remote(weights["state"])),
     )
     pool.wait_ready()
@@ -83,7 +84,7 @@ def test_a_worker_that_keeps_timing_out_ends_with_a_clear_error(ray_local, tiny_
         cfg = OmegaConf.to_container(compose(config_name="train", overrides=["+experiment=smoke_learn"]), resolve=True)
     resolve_auto(cfg, is_moe=False)
     cls = ray.remote(num_cpus=0.5)(RolloutWorker)
-    pool = ActorPool("rollout", lambda i: cls.remote(cfg, tiny_dense_path, i), 1, timeout_s=0.01)
+    pool = ActorPool("rollout", lambda i, after: cls.remote(cfg, tiny_dense_path, i), 1, timeout_s=0.01)
     pool.wait_ready()
     first = pool.actors[0]
     reqs = [{"group_id": "g", "domain": "digits", "prompt_ids": [1, 2, 3], "prompt_text": "", "sample": {}}]
@@ -101,8 +102,8 @@ def _rollout_and_rewards(model_path: str, rollouts: int, rewards: int, groups_pe
     if groups_per_batch is not None:
         cfg["rollout"]["max_batch_size"] = groups_per_batch * cfg["rollout"]["n_samples"]
     rollout_cls, reward_cls = ray.remote(num_cpus=0.25)(RolloutWorker), ray.remote(num_cpus=0.25)(RewardWorker)
-    rollout = ActorPool("rollout", lambda i: rollout_cls.remote(cfg, model_path, i), rollouts)
-    scorers = ActorPool("reward", lambda i: reward_cls.remote(cfg), rewards)
+    rollout = ActorPool("rollout", lambda i, after: rollout_cls.remote(cfg, model_path, i), rollouts)
+    scorers = ActorPool("reward", lambda i, after: reward_cls.remote(cfg), rewards)
     rollout.wait_ready()
     scorers.wait_ready()
     reqs = PromptMixture(cfg["domains"], load_tokenizer(model_path), seed=1, max_prompt_tokens=512).next_batch(4)
@@ -301,42 +302,44 @@ class StartLog:
 
 @ray.remote(num_cpus=0)
 class SlowStarter:
-    """Logs when it is created and when its start (`ready`) has finished."""
+    """Logs when its constructor begins (its process has started and imported) and when its engine has started,
+    which it does only after the `ready` calls in `after` (as RolloutWorker does)."""
 
-    def __init__(self, i, log):
-        self.i, self.log = i, log
-        ray.get(log.add.remote(("created", i)))
-
-    def ready(self):
+    def __init__(self, i, log, after=()):
         import time
 
-        time.sleep(0.3)  # a vLLM instance profiling the GPU's memory
-        ray.get(self.log.add.remote(("ready", self.i)))
+        self.i, self.log = i, log
+        ray.get(log.add.remote(("created", i)))
+        wait_for(after)
+        time.sleep(1.0)  # a vLLM instance profiling the GPU's memory
+        ray.get(self.log.add.remote(("started", i)))
+
+    def ready(self):
         return self.i
 
 
 def test_actor_pool_starts_gpu_sharing_workers_in_waves(ray_local):
-    """With start_waves=2 (two vLLM instances per GPU) the second instance of every GPU is created only once the
-    first of every GPU is ready, so no two instances of a GPU profile its memory at once; a factory that fails in
-    a later wave stops the workers already started."""
+    """With start_waves=2 (two vLLM instances per GPU) the second instance of every GPU starts its engine only once
+    the first of every GPU has started its own, so no two instances of a GPU profile its memory at once; yet every
+    worker is created at once (the pool does not wait), so the second wave's processes start and import while the
+    first wave's engines start. A factory that fails in a later wave stops the workers already started."""
     log = StartLog.remote()
-    pool = ActorPool("rollout", lambda i: SlowStarter.remote(i, log), 4, start_waves=2)
+    pool = ActorPool("rollout", lambda i, after: SlowStarter.remote(i, log, after), 4, start_waves=2)
+    assert ray.get([a.ready.remote() for a in pool.actors]) == [0, 1, 2, 3]
     events = ray.get(log.get.remote())
     first, second = {0, 2}, {1, 3}  # wave w: workers i with i % 2 == w (worker i is on GPU i // 2)
-    last_ready_of_first = max(k for k, (what, i) in enumerate(events) if what == "ready" and i in first)
-    first_created_of_second = min(k for k, (what, i) in enumerate(events) if what == "created" and i in second)
-    assert last_ready_of_first < first_created_of_second, events
-    assert {i for what, i in events if what == "ready"} == first | second
-    assert ray.get([a.ready.remote() for a in pool.actors]) == [0, 1, 2, 3]
+    k = {(what, i): n for n, (what, i) in enumerate(events)}
+    assert max(k["started", i] for i in first) < min(k["started", i] for i in second), events
+    assert max(k["created", i] for i in second) < min(k["started", i] for i in first), events  # side by side
     for a in pool.actors:
         ray.kill(a)
 
     started = []
 
-    def failing(i):
+    def failing(i, after):
         if i == 1:
             raise RuntimeError("no room for a second instance")
-        started.append(SlowStarter.remote(i, log))
+        started.append(SlowStarter.remote(i, log, after))
         return started[-1]
 
     with pytest.raises(RuntimeError, match="no room"):
@@ -381,9 +384,10 @@ class SyncRecorder:
 
 @pytest.mark.parametrize("num_gpus, trainers_first", [(0.5, True), (1, False)])
 def test_split_on_gpu_shares_loads_the_trainer_while_vllm_starts(ray_local, monkeypatch, num_gpus, trainers_first):
-    """Split with instances on GPU shares: the placement group holds the rollout GPUs, so the trainer is created
-    before the instances have started (its load overlaps their one-after-another start). Whole-GPU split workers
-    have no group: there the trainer still waits for vLLM to have profiled its GPU, as colocated does."""
+    """Split with instances on GPU shares: the placement group holds the rollout GPUs, so the trainer loads its
+    model before the instances have started (its load overlaps their one-after-another start). Whole-GPU split
+    workers have no group: there the trainer, created at once, loads only once vLLM has profiled its GPU, as
+    colocated does."""
     import launch.cluster as cluster
 
     class RoleStandIn:  # defined here: Ray ships local classes by value to its workers
@@ -401,7 +405,8 @@ def test_split_on_gpu_shares_loads_the_trainer_while_vllm_starts(ray_local, monk
             return "hf"  # no GPU weight sync to set up
 
     class RolloutStandIn(RoleStandIn):
-        """A vLLM instance whose start lasts until the trainer exists (at most 3 s): the log shows which came first."""
+        """A vLLM instance whose start lasts until the trainer exists (at most 10 s) and then until it loads (at
+        most 3 s more): the log shows which came first."""
 
         role = "rollout"
 
@@ -409,17 +414,26 @@ def test_split_on_gpu_shares_loads_the_trainer_while_vllm_starts(ray_local, monk
             import time
 
             log = ray.get_actor("cluster_start")
-            deadline = time.time() + 3
-            while ("created", "trainer") not in ray.get(log.get.remote()) and time.time() < deadline:
-                time.sleep(0.05)
-            ray.get(log.add.remote(("ready", "rollout")))
+            for event, seconds in ((("created", "trainer"), 10), (("loading", "trainer"), 3)):
+                deadline = time.time() + seconds
+                while event not in ray.get(log.get.remote()) and time.time() < deadline:
+                    time.sleep(0.05)
+            if ("ready", "rollout") not in ray.get(log.get.remote()):
+                ray.get(log.add.remote(("ready", "rollout")))
             return True
 
     class TrainerStandIn(RoleStandIn):
+        """Logs its creation, then, after the `ready` calls it was given, that it loads its model on the GPU."""
+
         role = "trainer"
 
+        def __init__(self, cfg, model_path, rank, world_size, addr, port, after=()):
+            super().__init__()
+            wait_for(after)
+            ray.get(ray.get_actor("cluster_start").add.remote(("loading", self.role)))
+
     for name, cls in (("RolloutWorker", RolloutStandIn), ("PolicyTrainer", TrainerStandIn),
-                      ("RewardWorker", RoleStandIn), ("FrozenModel", TrainerStandIn), ("JudgeWorker", RoleStandIn)):
+                      ("RewardWorker", RoleStandIn), ("FrozenModel", RoleStandIn), ("JudgeWorker", RoleStandIn)):
         monkeypatch.setattr(cluster, name, cls)
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = OmegaConf.to_container(compose(config_name="train", overrides=[
@@ -433,8 +447,9 @@ def test_split_on_gpu_shares_loads_the_trainer_while_vllm_starts(ray_local, monk
     c = cluster.Cluster(cfg, "unused")
     try:
         events = ray.get(log.get.remote())
-        created, ready = events.index(("created", "trainer")), events.index(("ready", "rollout"))
-        assert (created < ready) == trainers_first, events
+        loading, ready = events.index(("loading", "trainer")), events.index(("ready", "rollout"))
+        assert (loading < ready) == trainers_first, events
+        assert events.index(("created", "trainer")) < ready, events  # created at once either way
     finally:
         c.shutdown()
         ray.kill(log)
@@ -586,9 +601,10 @@ def test_when_ready_runs_its_callback_with_and_without_rays_on_ready(ray_local):
 
 @ray.remote(num_cpus=0)
 class _StartsIn:
-    """An actor whose constructor takes `seconds`."""
+    """An actor whose constructor takes `seconds`, after the `ready` calls in `after`."""
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float, after=()):
+        wait_for(after)
         time.sleep(seconds)
 
     def ready(self) -> bool:
@@ -624,7 +640,7 @@ def test_a_pool_started_in_waves_marks_each_worker_at_its_own_ready_time(ray_loc
     timeline = StartupTimeline(time.time())
     cluster = types.SimpleNamespace(timeline=timeline)
     cluster._watch = types.MethodType(Cluster._watch, cluster)
-    factory = Cluster._watched(cluster, "rollout", 2, lambda i: _StartsIn.remote(1.0))
+    factory = Cluster._watched(cluster, "rollout", 2, lambda i, after: _StartsIn.remote(1.0, after))
     ActorPool("rollout", factory, 2, start_waves=2)
     deadline = time.perf_counter() + 10
     while len(timeline.marks) < 2 and time.perf_counter() < deadline:

@@ -51,8 +51,8 @@ def _requests(cfg: dict, model_path: str) -> list[dict]:
 
 def _rollout(cfg: dict, model_path: str):
     rollout_cls, reward_cls = ray.remote(num_cpus=0.25)(RolloutWorker), ray.remote(num_cpus=0.25)(RewardWorker)
-    rollout = ActorPool("rollout", lambda i: rollout_cls.remote(cfg, model_path, i), 2)
-    rewards = ActorPool("reward", lambda i: reward_cls.remote(cfg), 1)
+    rollout = ActorPool("rollout", lambda i, after: rollout_cls.remote(cfg, model_path, i), 2)
+    rewards = ActorPool("reward", lambda i, after: reward_cls.remote(cfg), 1)
     rollout.wait_ready()
     rewards.wait_ready()
     return rollout, rewards

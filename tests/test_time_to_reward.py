@@ -2,6 +2,7 @@
 watched from outside and stopped at its first evaluation at or above the target."""
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -36,8 +37,13 @@ def test_evaluations_are_read_from_each_runs_own_file(tmp_path):
 @pytest.mark.slow
 def test_our_run_is_timed_to_its_first_evaluation_and_stopped(tmp_path):
     """On the CPU: ours on the embedded default (its math domain evaluated every 2 steps), target 0: reached at
-    step 2 and stopped before its 6 steps were done."""
-    r = time_to_reward.time_to_reward("ours", tmp_path, 0.0, 2, 6, 600, [], experiment="mixed_rl")
+    step 2 and stopped before its 6 steps were done, even started from a process that ignores SIGINT (as a batch
+    script's background job does: the run must not inherit that and carry on to its last step)."""
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        r = time_to_reward.time_to_reward("ours", tmp_path, 0.0, 2, 6, 600, [], experiment="mixed_rl")
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     assert r["reached"] and r["step"] == 2 and 0 < r["seconds"] < 600, (r, _log_tail(tmp_path, "ours"))
     assert r["evaluations"][0][:2] == [2, r["best_pass@1"]]
     rows = [json.loads(x) for x in (tmp_path / "ours" / "metrics.jsonl").read_text().splitlines()]

@@ -21,6 +21,17 @@ def pick_device(name: str) -> str:
     return name
 
 
+def wait_for(after) -> None:
+    """Return once every Ray call in `after` has returned. An actor that takes GPU memory waits so in its constructor
+    for the actors that must measure the GPU's free memory before it (colocated vLLM instances, a vLLM judge), after
+    its imports and host-side loading, which so overlap theirs. The calls come inside a list: Ray would otherwise
+    wait for them before starting the actor at all."""
+    if after:
+        import ray
+
+        ray.get(list(after))
+
+
 def free_port(host: str = "") -> int:
     """A TCP port that was free a moment ago on this machine (for a rendezvous about to be opened)."""
     with socket.socket() as s:

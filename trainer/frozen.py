@@ -26,7 +26,8 @@ from rl.config import (head_options, logprob_temperature, micro_batch_memory, pa
                        varlen_attention)
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
-from trainer.dist import agreed_counts, auto_micro_batch_counts, partition_zero3, pick_device, release_cached_memory
+from trainer.dist import (agreed_counts, auto_micro_batch_counts, partition_zero3, pick_device, release_cached_memory,
+                          wait_for)
 from trainer.forward import PolicyForward, compile_layers, forward_logprobs, logit_scale, route_replay
 from trainer.payload import fetch_heavy
 
@@ -46,17 +47,19 @@ def zero3_inference_config(dtype: str) -> dict:
 
 
 class FrozenModel:
-    def __init__(self, cfg: dict, model_path: str, role: str = "reference", sharded: bool = False):
-        """`sharded`: built inside a trainer rank, torch.distributed already set up (see the module's docstring)."""
+    def __init__(self, cfg: dict, model_path: str, role: str = "reference", sharded: bool = False, after: list = ()):
+        """`sharded`: built inside a trainer rank, torch.distributed already set up (see the module's docstring).
+        `after`: ready calls of the actors that must measure this GPU's free memory first (`wait_for`): the model
+        loads into host memory meanwhile."""
         self.cfg = cfg
         if cfg["trainer"].get("threads") and not sharded:
             torch.set_num_threads(int(cfg["trainer"]["threads"]))
         self.device = pick_device(cfg["trainer"]["device"])
         self.tokenizer = load_tokenizer(model_path)
-        self.model = load_causal_lm(
-            model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"),
-            "cpu" if sharded else self.device,  # sharded: each partition goes to the rank's GPU (below)
-        ).eval()
+        self.model = load_causal_lm(model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation")).eval()
+        wait_for(after)
+        if not sharded:  # sharded: each partition goes to the rank's GPU (below)
+            self.model.to(self.device)
         self.model.requires_grad_(False)
         scale = logit_scale(self.model)  # before ZeRO-3 partitions the weights
         if cfg["trainer"].get("compile") and not sharded:  # rl/config.py: compile needs whole weights

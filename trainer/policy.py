@@ -28,7 +28,7 @@ from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
 from trainer.dist import (
     agreed_counts, auto_micro_batch_counts, free_memory_bytes, free_port, init_process_group, memory_gib, node_address,
-    partition_zero3, pick_device, release_cached_memory,
+    partition_zero3, pick_device, release_cached_memory, wait_for,
 )
 from trainer.forward import ForwardOut, PolicyForward, compile_layers, logit_scale, route_replay
 from trainer.frozen import FrozenModel
@@ -111,18 +111,22 @@ def drop_per_gradient_overflow_check(optimizer) -> bool:
 
 
 class PolicyTrainer:
-    def __init__(self, cfg: dict, model_path: str, rank: int, world_size: int, master_addr: str, master_port: int):
+    def __init__(self, cfg: dict, model_path: str, rank: int, world_size: int, master_addr: str, master_port: int,
+                 after: list = ()):
+        """`after`: ready calls of the actors that must measure this GPU's free memory first (`wait_for`): the model
+        loads into host memory meanwhile."""
         tcfg, acfg = cfg["trainer"], cfg["algorithm"]
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = pick_device(tcfg["device"])
         if tcfg.get("threads"):
             torch.set_num_threads(int(tcfg["threads"]))
         torch.manual_seed(int(cfg["seed"]) + rank)
-        init_process_group(rank, world_size, master_addr, master_port, self.device)  # a store at the address
         import deepspeed
 
         self.tokenizer = load_tokenizer(model_path)
         model = load_causal_lm(model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"))
+        wait_for(after)
+        init_process_group(rank, world_size, master_addr, master_port, self.device)  # a store at the address
         # the engine samples from the model's own logits; the trainer's come from the head's weight (forward.py)
         scale = logit_scale(model)  # before ZeRO-3 partitions the weights
         self.keep_routing = bool(acfg["keep_routing"])

@@ -19,7 +19,7 @@ from launch.cluster import Cluster, start_ray
 from launch.config import prepare
 from launch.run_dir import RunDirLock, write_config
 from launch.sources import make_source, timed
-from launch.startup import StartupTimeline
+from launch.startup import StartupTimeline, warn_uncached_bytecode
 from launch.tracking import Tracker
 from rl.batching import minibatches
 from rl.flops import PerfMeter, load_body_flops, resolve_peak_tflops
@@ -34,6 +34,7 @@ def train(cfg: dict, launched: float | None = None) -> dict:
     """Run the whole job described by the resolved config; returns the run's summary (launch/tracking.py).
     `launched`: when the command started (time.time()), where the start-up timeline counts from."""
     timeline = StartupTimeline(launched or time.time())
+    warn_uncached_bytecode()
     model_path = prepare(cfg)
     timeline.mark("model")  # found, converted or built
     run_dir, t = Path(cfg["run_dir"]).resolve(), cfg["trainer"]

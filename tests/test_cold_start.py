@@ -1,6 +1,7 @@
 """Cold start (issue 37): benchmarks/cold_start.py's reading of a run, a run of it on the CPU, and the GGUF
 conversion that a fresh machine pays before its first step (each file parsed once)."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -86,3 +87,28 @@ def test_a_gguf_file_is_parsed_once_per_conversion(tmp_path, smollm2_path):
     assert counts == {"readers": 1, "name_maps": 1}
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
         assert (tmp_path / "out" / name).read_bytes() == (Path(smollm2_path) / name).read_bytes()
+
+
+def test_packages_without_cached_bytecode_are_named_when_none_will_be_written(tmp_path, monkeypatch):
+    """A package with no bytecode is named when bytecode is not written (PYTHONDONTWRITEBYTECODE) or its folder is
+    read-only, and not once its bytecode exists or can be written by the first import."""
+    import importlib.util
+    import py_compile
+
+    from launch.startup import uncached_bytecode
+
+    pkg = tmp_path / "slowpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "pycache_prefix", None)  # the package's own __pycache__, whatever the environment
+    assert uncached_bytecode(["slowpkg", "no_such_package_here"], dont_write=True) == ["slowpkg"]
+    assert uncached_bytecode(["slowpkg"], dont_write=False) == []  # the first import will write it
+    pkg.chmod(0o555)
+    try:
+        if not os.access(pkg, os.W_OK):  # root writes anyway: then only the flag's case is checked
+            assert uncached_bytecode(["slowpkg"], dont_write=False) == ["slowpkg"]
+    finally:
+        pkg.chmod(0o755)
+    py_compile.compile(str(pkg / "__init__.py"), cfile=importlib.util.cache_from_source(str(pkg / "__init__.py")))
+    assert uncached_bytecode(["slowpkg"], dont_write=True) == []

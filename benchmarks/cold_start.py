@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -93,11 +94,14 @@ def cold_start(out: Path, label: str, kind: str, experiment: str, overrides: lis
     print(f"[cold_start] {label} ({kind}): {' '.join(cmd[1:])}", flush=True)
     t0 = time.time()
     with open(out / f"{label}.log", "w") as log:
+        # its own process group: a run past its time is ended whole (Ray, vLLM), not left holding the GPU
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-            code = proc.returncode
+            code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             code = None
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     wall = round(time.time() - t0, 1)
     summary_path = run_dir / "summary.json"
     start_up = json.loads(summary_path.read_text()).get("start_up", {}) if summary_path.exists() else {}

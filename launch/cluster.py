@@ -282,6 +282,7 @@ class Cluster:
         self._store = None  # the trainer ranks' rendezvous (RendezvousStore)
         self._weight_sync = None  # vLLM: GPU weight sync (launch/weight_sync.py); hf: the object store, below
         self._last_rollout: RolloutInFlight | None = None  # where the next rollout's generation starts
+        self._start_refs: list = []  # the ready calls actors wait for as they start (`_start`)
         self._placement = GpuPlacement(cfg)  # colocated: rank i and its workers share GPU i; split: k workers a GPU
         self.rollout = self.rewards = self.judge = self.reference = None
         self.trainers: list = []
@@ -322,16 +323,20 @@ class Cluster:
             start_waves=engines_per_gpu(cfg),
         )
         gpu_after = [a.ready.remote() for a in self.rollout.actors] if placement_spec(r).gpu_memory else []
+        # kept for the cluster's life: a restarted judge runs its constructor again with the same references, which
+        # Ray would otherwise have freed once the first start had read them
+        self._start_refs = gpu_after
         if uses_rubric_judge(cfg["domains"]):  # one rubric-judge actor for the run, shared by the reward workers
             jc = rw["judge"]
             # max_restarts: a judge that dies is restarted; the batches in flight meanwhile score 0 with the reason.
             judge_cls = ray.remote(num_cpus=jc["num_cpus"], num_gpus=jc["num_gpus"], max_restarts=3)(JudgeWorker)
-            # rewards.judge.model null -> the policy's model_path. A vLLM judge, too, profiles its GPU's memory
-            self.judge = judge_cls.options(**self._placement.options("judge")).remote(
-                cfg, model_path, gpu_after if gpu_judge else [])
+            # rewards.judge.model null -> the policy's model_path. A vLLM judge, too, profiles its GPU's memory (and
+            # one given no GPU share may still see the GPUs and start an engine there)
+            self.judge = judge_cls.options(**self._placement.options("judge")).remote(cfg, model_path, gpu_after)
             self._watch("judge", self.judge)
             if gpu_judge:
                 gpu_after = [*gpu_after, self.judge.ready.remote()]
+                self._start_refs = gpu_after
         reward_cls = ray.remote(num_cpus=rw["actor_num_cpus"])(RewardWorker)
         self.rewards = ActorPool(
             "reward",

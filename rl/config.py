@@ -166,6 +166,8 @@ def validate(cfg: Mapping) -> None:
     check_choice(r, "engine", "rollout", engine_names())
     if "capture" in r:
         check_choice(r, "capture", "rollout", {"sampler", "logprobs"})
+    if "engine_core" in r:
+        check_choice(r, "engine_core", "rollout", {"in_process", "subprocess"})
     if check_number(r, "temperature", "rollout", lo=0) and r["temperature"] < 1e-5:
         # vLLM treats such temperatures as greedy (plain logprobs) while the trainer would divide by them
         raise ConfigError(f"rollout.temperature must be 0 (greedy) or >= 1e-5, got {r['temperature']}")

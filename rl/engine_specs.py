@@ -14,7 +14,10 @@ another one's placement or weight sync by its name:
   available engine of AUTO_ORDER); `requires`: the package it imports, looked up without importing it (a process
   that sizes memory around an `auto` engine, without starting CUDA);
 - `preload`: modules its start imports, imported by a worker while it waits for its turn to start the engine (the
-  instances sharing a GPU start one after another, launch.cluster.ActorPool).
+  instances sharing a GPU start one after another, launch.cluster.ActorPool);
+- `plans_start`: its `build` takes `start` (rollout.engines.EngineStart) and waits for its turn itself, or not at
+  all when it knows its memory without measuring (vLLM: rollout/vllm_start_plan.py); otherwise the worker waits
+  before the build.
 This module imports no engine code (rl/ sits below rollout/): the strings are resolved in rollout/engines.py, which
 builds engines and resolves `auto`.
 """
@@ -39,6 +42,7 @@ class EngineSpec:
     requires: str | None = None  # the package the engine imports (None: only the project's own dependencies)
     # modules the engine's start imports, worth importing while a worker waits for its turn to start it
     preload: tuple[str, ...] = ()
+    plans_start: bool = False  # build(..., start=EngineStart) waits for its turn itself
 
     def __post_init__(self):
         if self.weight_sync not in WEIGHT_SYNCS:
@@ -53,7 +57,7 @@ ENGINES: dict[str, EngineSpec] = {
     "hf": EngineSpec("hf", build="rollout.hf_engine:build", gpu_memory=False, weight_sync="state_dict"),
     "vllm": EngineSpec("vllm", build="rollout.vllm_engine:build", gpu_memory=True, weight_sync="vllm",
                        available="rollout.vllm_engine:vllm_available", requires="vllm",
-                       preload=("vllm.entrypoints.llm",)),
+                       preload=("vllm.entrypoints.llm",), plans_start=True),
 }
 AUTO = "auto"
 AUTO_ORDER = ("vllm", "hf")  # rollout.engine=auto: the first of these that is available

@@ -11,12 +11,15 @@ The rollout workers and the rubric judge's model both build theirs here (`make_e
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from rl.engine_specs import AUTO, AUTO_ORDER, ENGINES, engine_spec, load
 from rollout.sampling import Generation, SamplingParams
 
-__all__ = ["Engine", "GPUEngine", "check_engine", "import_engine", "make_engine", "resolve_engine", "sampling_params"]
+__all__ = ["Engine", "EngineStart", "GPUEngine", "check_engine", "import_engine", "make_engine", "resolve_engine",
+           "sampling_params"]
 
 
 @runtime_checkable
@@ -48,6 +51,23 @@ class GPUEngine(Engine, Protocol):
 
 
 CONTRACTS = {"state_dict": Engine, "vllm": GPUEngine}
+
+
+def _no_wait() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class EngineStart:
+    """When an engine that takes GPU memory may start. `wait()` returns once the instances that must measure the GPU's
+    free memory before it have started (an earlier wave of the instances sharing its GPU, launch.cluster.ActorPool);
+    `wave` of `waves` is its turn among them. `plan`: it may skip the measurement, and so the wait, with a start plan
+    (rollout/vllm_start_plan.py: the KV-cache size each wave got in an earlier run)."""
+
+    wait: Callable[[], None] = _no_wait
+    wave: int = 0
+    waves: int = 1
+    plan: bool = False
 
 
 def check_engine(engine_or_class, weight_sync: str) -> None:
@@ -96,10 +116,18 @@ def sampling_params(rcfg: dict, seed: int, record_kept_set: bool = True) -> Samp
     )
 
 
-def make_engine(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, seed: int = 0):
+def make_engine(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, seed: int = 0,
+                start: EngineStart | None = None):
     """An engine for `model_path` from the rollout (`rcfg`) and model (`model_cfg`) config sections, built by its
-    registered `build` (rl/engine_specs.py) and checked against the contract of its weight sync."""
+    registered `build` (rl/engine_specs.py) and checked against the contract of its weight sync. `start`: its turn
+    to start; an engine whose spec `plans_start` takes it and waits itself, any other is built after `start.wait()`."""
     spec = engine_spec(resolve_engine(rcfg))
-    engine = load(spec.build)(rcfg, model_cfg, model_path, record_routes=record_routes, seed=seed)
+    extra = {}
+    if start is not None:
+        if spec.plans_start:
+            extra["start"] = start
+        else:
+            start.wait()
+    engine = load(spec.build)(rcfg, model_cfg, model_path, record_routes=record_routes, seed=seed, **extra)
     check_engine(engine, spec.weight_sync)
     return engine

@@ -35,7 +35,9 @@ import numpy as np
 
 from rl.config import rollout_placement
 from rl.models import load_tokenizer, to_checkpoint_format
+from rollout.engines import EngineStart
 from rollout.sampling import Generation, SamplingParams, eos_token_ids
+from rollout.vllm_start_plan import StartTurn
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +192,8 @@ class VLLMEngine:
         extra_args: dict | None = None,
         kept_set_buffer_mb: float = 256.0,
         fp32_lm_head: bool = False,
+        engine_core_in_process: bool = False,
+        start: EngineStart | None = None,
     ):
         # IPC handles travel pickled; the sampler needs no flashinfer.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -240,7 +244,13 @@ class VLLMEngine:
             except ImportError:
                 kwargs["weight_transfer_config"] = {"backend": weight_transfer_backend}
         kwargs.update(extra_args or {})
+        if engine_core_in_process:
+            # vLLM's engine core runs in this process instead of a spawned one that imports vLLM and torch again
+            # (~13 s of each instance's start on a GPU machine, benchmarks/README.md cold_start.py)
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        plan = StartTurn(kwargs, start, int(tensor_parallel_size))  # may wait for the waves before it
         self.llm = LLM(**kwargs)
+        plan.record(self.llm)
         if capture not in ("sampler", "logprobs"):
             raise ValueError(f"rollout.capture must be sampler or logprobs, got {capture!r}")
         self.capture = capture
@@ -580,9 +590,10 @@ def _watch_steps(engine, prompts: list[list[int]], per_request: int, on_samples_
             del engine.step
 
 
-def build(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, seed: int = 0) -> VLLMEngine:
+def build(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, seed: int = 0,
+          start: EngineStart | None = None) -> VLLMEngine:
     """`rollout.engine=vllm` (rl/engine_specs.py): the rollout keys of the config, CUDA IPC weight transfer when
-    colocated with the trainer, NCCL when split."""
+    colocated with the trainer, NCCL when split. `start`: its turn among the instances of its GPU (StartTurn)."""
     k = rcfg.get("logprobs")
     return VLLMEngine(
         model_path,
@@ -601,4 +612,6 @@ def build(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, see
         extra_args=dict(rcfg.get("engine_args") or {}),
         kept_set_buffer_mb=float(rcfg.get("kept_set_buffer_mb") or 256),
         fp32_lm_head=bool(model_cfg.get("fp32_lm_head", False)),
+        engine_core_in_process=str(rcfg.get("engine_core", "subprocess")) == "in_process",
+        start=start,
     )

@@ -17,8 +17,10 @@ import numpy as np
 import ray
 import torch
 
+from rl.config import engines_per_gpu
+from rl.engine_specs import engine_spec
 from rl.trajectory import Trajectory
-from rollout.engines import import_engine, make_engine, resolve_engine, sampling_params
+from rollout.engines import EngineStart, import_engine, make_engine, resolve_engine, sampling_params
 from rollout.sampling import Generation, decode_response
 from trainer.dist import wait_for
 
@@ -36,7 +38,7 @@ class RolloutWorker:
         """`env`: variables set (None: unset) before the engine starts: where a tensor-parallel vLLM instance's Ray
         workers go (launch.placement.GpuPlacement.worker_env). `after`: ready calls of the instances that must
         measure this GPU's free memory first (an earlier start wave, launch.cluster.ActorPool): the engine's own
-        imports run meanwhile, then the engine starts."""
+        imports run meanwhile, then the engine starts (vLLM with a start plan does not wait: rollout/vllm_start_plan.py)."""
         for key, value in (env or {}).items():
             if value is None:
                 os.environ.pop(key, None)
@@ -49,10 +51,13 @@ class RolloutWorker:
         self.engine_kind = resolve_engine(rcfg)
         if after:
             import_engine(self.engine_kind)
-            wait_for(after)
+        # this instance's wave among those sharing its GPU, as launch.cluster.ActorPool numbers them
+        waves = engines_per_gpu(cfg) if engine_spec(self.engine_kind).gpu_memory else 1
+        start = EngineStart(wait=lambda: wait_for(after), wave=rank % waves, waves=waves,
+                            plan=bool(rcfg.get("start_plan", True)))
         self.engine = make_engine(
             rcfg, cfg["model"], model_path, record_routes=bool(cfg["algorithm"]["keep_routing"]),
-            seed=int(cfg["seed"]) * 1_000_003 + rank,
+            seed=int(cfg["seed"]) * 1_000_003 + rank, start=start,
         )
         self.tokenizer = self.engine.tokenizer
         # Keep Sampling Mask is decided here, once: the engine records kept sets only when it is on.

@@ -221,3 +221,10 @@ def test_optimizer_offload_is_none_or_cpu_and_needs_a_zero_stage():
         check_config(composed("trainer.offload_optimizer=cpu", "trainer.zero_stage=0"))
     with pytest.raises(ConfigError, match=r"trainer\.offload_optimizer must be one of \['cpu', 'none'\]"):
         check_config(composed("trainer.offload_optimizer=nvme"))
+
+
+def test_vllm_engine_core_is_in_process_or_subprocess():
+    assert composed(*VLLM_COLOCATED)["rollout"]["engine_core"] == "in_process"
+    check_config(composed(*VLLM_COLOCATED, "rollout.engine_core=subprocess"))
+    with pytest.raises(ConfigError, match=r"rollout\.engine_core must be one of \['in_process', 'subprocess'\]"):
+        check_config(composed(*VLLM_COLOCATED, "rollout.engine_core=inline"))

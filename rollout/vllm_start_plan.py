@@ -1,0 +1,142 @@
+"""Start plans: the KV-cache size each vLLM instance of a GPU got when it measured the GPU's memory, kept between runs
+so that a later run's instances of the GPU start side by side instead of one after the other.
+
+vLLM sizes its KV cache by profiling: it runs the model, reads how much of the GPU's memory is in use, and takes what
+is left of `gpu_memory_utilization`. Another instance allocating meanwhile would be counted as its own use, so the
+instances sharing a GPU start in waves, each after the one before (`launch.cluster.ActorPool`, `start_waves`), which
+cost ~14-30 s a wave on a GPU machine (benchmarks/README.md, cold_start.py). Yet for one engine configuration on one
+kind of GPU the size is the same every time. So each instance that measured writes the size it got under
+`MIXRL_CACHE/vllm_start`, keyed by everything the size depends on (the engine's arguments, the instance's wave and
+the number of waves, the vLLM / torch / CUDA versions, the GPU's name and memory), and a later run passes it back as
+vLLM's `kv_cache_memory_bytes`: vLLM then skips the measurement, and the instance need not wait for the waves before
+it. vLLM 0.26 has the same idea for one instance (`VLLM_ENABLE_STARTUP_PLAN`), but its plan is keyed by a hash that
+does not tell the instances of a GPU apart, and it is refused whenever less memory is free than when it was
+recorded, which is so for every instance that starts beside another.
+
+An instance uses a plan only when every wave of its GPU has one (`plan_for`): then all of them skip the measurement,
+or none does, and none measures while another allocates. A `kv_cache_memory_bytes` in `rollout.engine_args` is a plan
+the user made. vLLM still checks at start that its `gpu_memory_utilization` share of the GPU is free, and a GPU shared
+with another job should run with `rollout.start_plan=false` (the measurement then sees that job's memory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from rollout.engines import EngineStart
+
+log = logging.getLogger(__name__)
+
+PLAN_VERSION = 1
+# Engine arguments that do not change the memory an instance takes (each instance has its own seed)
+NOT_MEMORY = ("seed",)
+
+
+def plan_dir() -> Path:
+    """MIXRL_CACHE/vllm_start (rl.models.cache_root, not imported: it needs torch and transformers)."""
+    return Path(os.environ.get("MIXRL_CACHE", Path.home() / ".cache" / "mixrl")) / "vllm_start"
+
+
+def device_identity() -> dict:
+    """What the KV-cache size depends on besides the engine's arguments: library versions and this process's GPU
+    (vLLM's platform reads it through NVML, without creating a CUDA context)."""
+    import torch
+    import vllm
+    from vllm.platforms import current_platform
+
+    return {"vllm": vllm.__version__, "torch": torch.__version__, "cuda": torch.version.cuda or "",
+            "device": current_platform.get_device_name(0), "memory": int(current_platform.get_device_total_memory(0))}
+
+
+def plan_key(engine_args: dict, wave: int, waves: int, identity: dict) -> str:
+    """The file name of wave `wave`'s plan (of `waves` instances on the GPU) for these vLLM arguments."""
+    args = {k: v for k, v in engine_args.items() if k not in NOT_MEMORY}
+    factors = {"plan": PLAN_VERSION, "args": args, "wave": int(wave), "waves": int(waves), **identity}
+    blob = json.dumps(factors, sort_keys=True, default=repr)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def read_plan(key: str, folder: Path | None = None) -> int | None:
+    """The recorded KV-cache bytes under `key`, or None (absent, unreadable, or not a positive size)."""
+    path = (folder or plan_dir()) / f"{key}.json"
+    try:
+        value = json.loads(path.read_text()).get("kv_cache_memory_bytes")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError) as e:
+        log.warning("start plan %s unreadable (%s): the instance measures the GPU's memory", path, e)
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def plan_for(engine_args: dict, wave: int, waves: int, identity: dict, folder: Path | None = None) -> int | None:
+    """This instance's KV-cache bytes, when every wave of its GPU has a plan; else None (measure, in turn)."""
+    plans = [read_plan(plan_key(engine_args, w, waves, identity), folder) for w in range(int(waves))]
+    return plans[int(wave)] if all(p is not None for p in plans) else None
+
+
+def write_plan(engine_args: dict, wave: int, waves: int, identity: dict, kv_cache_memory_bytes: int,
+               folder: Path | None = None) -> Path | None:
+    """Keep what this instance measured (atomic: instances and runs may race; the last write wins, all are equal)."""
+    folder = folder or plan_dir()
+    path = folder / f"{plan_key(engine_args, wave, waves, identity)}.json"
+    record = {"kv_cache_memory_bytes": int(kv_cache_memory_bytes), "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "wave": int(wave), "waves": int(waves), **identity,
+              "args": {k: v for k, v in engine_args.items() if k not in NOT_MEMORY}}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(record, sort_keys=True, default=repr))
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only cache costs the next run its side-by-side start, nothing else
+        log.warning("start plan not written to %s (%s)", path, e)
+        return None
+    return path
+
+
+def measured_kv_bytes_rpc(worker) -> int:
+    """On a vLLM worker (`LLM.collective_rpc`): the KV-cache bytes its memory profile gave (0 if it did not profile:
+    a size was given)."""
+    return int(getattr(worker, "available_kv_cache_memory_bytes", 0) or 0)
+
+
+class StartTurn:
+    """An instance's turn to start (`rollout.engines.EngineStart`): with a start plan for every wave of its GPU
+    (rollout/vllm_start_plan.py) it starts at once with its recorded KV-cache size; otherwise it waits for the waves
+    before it, measures, and records what it got for the next run. Adds `kv_cache_memory_bytes` to `kwargs`."""
+
+    def __init__(self, kwargs: dict, start: EngineStart | None, tensor_parallel_size: int):
+        self.identity = None  # set when this instance measures and should record what it gets
+        self.kwargs = dict(kwargs)
+        self.start = start or EngineStart()
+        if "kv_cache_memory_bytes" in kwargs:  # the user's own size (rollout.engine_args): nothing to measure
+            return
+        if not self.start.plan or tensor_parallel_size > 1:  # (a tensor-parallel instance's GPUs are its Ray workers')
+            self.start.wait()
+            return
+        try:
+            identity = device_identity()
+        except Exception as e:  # noqa: BLE001 - no plan then, as before plans existed
+            log.warning("no vLLM start plan: this GPU is not identified (%s: %s)", type(e).__name__, e)
+            self.start.wait()
+            return
+        kv = plan_for(self.kwargs, self.start.wave, self.start.waves, identity)
+        if kv is None:
+            self.start.wait()
+            self.identity = identity
+            return
+        kwargs["kv_cache_memory_bytes"] = kv
+        log.info("vLLM start plan: wave %d of %d starts now with the %.2f GiB KV cache it measured before",
+                 self.start.wave, self.start.waves, kv / 2**30)
+
+    def record(self, llm) -> None:
+        if self.identity is None:
+            return
+        measured = [int(b) for b in llm.collective_rpc(measured_kv_bytes_rpc)]
+        if measured and min(measured) > 0:
+            write_plan(self.kwargs, self.start.wave, self.start.waves, self.identity, min(measured))

@@ -13,7 +13,9 @@ starts from nothing:
   as a user's first run does.
 
 Runs, in the order given (`--runs fresh warm warm`): `fresh` empties those caches first, `warm` keeps what the runs
-before it left. Not emulated: the OS's page cache (files read before stay in memory) and a fresh Ray / CUDA driver
+before it left, `installed` is a fresh run after compiling the installed packages' bytecode into the emptied cache
+(what a plain `pip install` leaves on a user's fresh machine; an image installed with `--no-compile`, as the device
+machines are, has none): its seconds are printed apart (`bytecode_s`), not counted in the run's. Not emulated: the OS's page cache (files read before stay in memory) and a fresh Ray / CUDA driver
 state, so a `fresh` run here is at best as slow as the first run on a new machine.
 
 What is printed per run: seconds to step 1 (the run's own start-up timeline, launch/startup.py, which counts from
@@ -22,6 +24,7 @@ from the run's log (weights loaded, torch.compile, CUDA-graph capture, the whole
 instance).
 
     python benchmarks/cold_start.py --out /tmp/cold                                   # smol_math: fresh, warm
+    python benchmarks/cold_start.py --out /tmp/cold --runs installed warm             # as after a plain pip install
     python benchmarks/cold_start.py --out /tmp/cold --runs warm --label eager --override rollout.enforce_eager=true
     python benchmarks/cold_start.py --out /tmp/cold --report                          # the table of what --out holds
     python benchmarks/cold_start.py --out /tmp/cold_cpu --experiment mixed_rl         # CPU check, embedded default
@@ -37,6 +40,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -80,14 +84,37 @@ def command(experiment: str, run_dir: Path, overrides: list[str]) -> list[str]:
             "logger.mode=disabled", "logger.progress_bar=false", *overrides]
 
 
-def cold_start(out: Path, label: str, kind: str, experiment: str, overrides: list[str], timeout: float) -> dict:
-    """One run; `kind` fresh empties the caches first. Returns its record (also written to out/<label>.json)."""
-    if kind == "fresh":
+def installed_packages() -> list[str]:
+    """Where this interpreter's packages are installed (site-packages: pure and platform-specific, once each)."""
+    paths = sysconfig.get_paths()
+    return sorted({paths["purelib"], paths["platlib"]})
+
+
+def compile_bytecode(env: dict[str, str], folders: list[str]) -> float:
+    """Compile every module under `folders` into the run's bytecode cache (env's PYTHONPYCACHEPREFIX), as pip does at
+    install; returns the seconds. A file that does not compile (a template, a test fixture) is skipped, as by pip."""
+    t0 = time.time()
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", *folders], env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    return round(time.time() - t0, 1)
+
+
+def cold_start(out: Path, label: str, kind: str, experiment: str, overrides: list[str], timeout: float,
+               packages: list[str] | None = None) -> dict:
+    """One run; `kind` fresh empties the caches first, installed also compiles `packages` (default: this
+    interpreter's site-packages) into the bytecode cache before the run. Returns its record (also written to
+    out/<label>.json)."""
+    if kind in ("fresh", "installed"):
         shutil.rmtree(out / "caches", ignore_errors=True)
     env = {**os.environ, **cache_env(out), "PYTHONUNBUFFERED": "1"}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode is written, as by any user's first run
     for path in cache_env(out).values():
         Path(path).mkdir(parents=True, exist_ok=True)
+    bytecode_s = None
+    if kind == "installed":
+        bytecode_s = compile_bytecode(env, packages or installed_packages())
+        print(f"[cold_start] {label}: installed packages' bytecode compiled in {bytecode_s} s (not counted)",
+              flush=True)
     run_dir = out / label
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = command(experiment, run_dir, overrides)
@@ -107,7 +134,7 @@ def cold_start(out: Path, label: str, kind: str, experiment: str, overrides: lis
     start_up = json.loads(summary_path.read_text()).get("start_up", {}) if summary_path.exists() else {}
     train_log = run_dir / "train.log"
     record = {"label": label, "kind": kind, "experiment": experiment, "overrides": overrides, "exit_code": code,
-              "wall_s": wall, "step1_s": start_up.get("first_step"), "start_up": start_up,
+              "bytecode_s": bytecode_s, "wall_s": wall, "step1_s": start_up.get("first_step"), "start_up": start_up,
               "vllm": vllm_phases(train_log.read_text(errors="replace")) if train_log.exists() else {},
               "command": " ".join(cmd[1:])}
     (out / f"{label}.json").write_text(json.dumps(record, indent=1))
@@ -122,6 +149,8 @@ def table(records: list[dict]) -> str:
         timeline = ", ".join(f"{k} {v:.1f}" for k, v in r["start_up"].items()) or "-"
         phases = "; ".join(f"{k} {'/'.join(f'{x:g}' for x in v)}" for k, v in r["vllm"].items()) or "-"
         extra = f" ({' '.join(r['overrides'])})" if r["overrides"] else ""
+        if r.get("bytecode_s") is not None:
+            extra += f" (bytecode compiled before, {r['bytecode_s']:.1f} s)"
         step1 = f"{r['step1_s']:.1f}" if r["step1_s"] is not None else f"none (exit {r['exit_code']})"
         rows.append(f"| {r['label']}: {r['kind']}{extra} | {step1} | {r['wall_s']:.1f} | {timeline} | {phases} |")
     return "\n".join(rows)
@@ -130,7 +159,7 @@ def table(records: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--runs", nargs="+", default=["fresh", "warm"], choices=["fresh", "warm"])
+    ap.add_argument("--runs", nargs="+", default=["fresh", "warm"], choices=["fresh", "installed", "warm"])
     ap.add_argument("--label", default="", help="prefix of this invocation's run names (default: none)")
     ap.add_argument("--experiment", default="smol_math")
     ap.add_argument("--override", nargs="*", default=[], help="more Hydra overrides for every run")

@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=400, help="seconds to wait for each result")
     ap.add_argument("--workdir", default="/tmp/rollout-engines")
-    ap.add_argument("--engine-core", default="subprocess", choices=["subprocess", "in_process"],
+    ap.add_argument("--engine-core", default="in_process", choices=["subprocess", "in_process"],
                     help="where vLLM's engine core runs (rollout.engine_core)")
     ap.add_argument("--engine-args", default="{}", help="more vllm.LLM arguments, as JSON (rollout.engine_args)")
     ap.add_argument("--label", default="", help="a name for this configuration in the printed rows")

@@ -240,7 +240,7 @@ class ActorPool:
 
     def replace(self, i: int) -> None:
         ray.kill(self.actors[i])  # a hung actor would otherwise keep its CPUs/GPU
-        self.actors[i] = self.factory(i, [])
+        self.actors[i] = self.factory(i, None)  # None: a restart, which waits for nothing (and records no start plan)
         ray.get(self.actors[i].ready.remote())
         if self.on_restart is not None:
             self.on_restart(self.actors[i])
@@ -313,10 +313,12 @@ class Cluster:
         # tensor parallel: vLLM's Ray workers hold the instance's GPUs (the rollout worker drives them; placement.py)
         rollout_gpus = 0 if tensor_parallel_size(cfg) > 1 else r["num_gpus"]
         rollout_cls = ray.remote(num_cpus=r["num_cpus"], num_gpus=rollout_gpus)(RolloutWorker)
+        plans_before = time.time()  # vLLM start plans this run's instances may use (rollout/vllm_start_plan.py)
         self.rollout = ActorPool(
             "rollout",
             self._watched("rollout", int(r["num_workers"]), lambda i, after: rollout_cls.options(
-                **self._placement.worker_options(i)).remote(cfg, model_path, i, self._placement.worker_env(i), after)),
+                **self._placement.worker_options(i)).remote(cfg, model_path, i, self._placement.worker_env(i), after,
+                                                            plans_before)),
             int(r["num_workers"]),
             on_restart=self._reload_worker,
             timeout_s=r.get("timeout_s"),

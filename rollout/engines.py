@@ -62,12 +62,16 @@ class EngineStart:
     """When an engine that takes GPU memory may start. `wait()` returns once the instances that must measure the GPU's
     free memory before it have started (an earlier wave of the instances sharing its GPU, launch.cluster.ActorPool);
     `wave` of `waves` is its turn among them. `plan`: it may skip the measurement, and so the wait, with a start plan
-    (rollout/vllm_start_plan.py: the KV-cache size each wave got in an earlier run)."""
+    (rollout/vllm_start_plan.py: the KV-cache size each wave got in an earlier run) written before `plans_before`
+    (time.time(); None: any); `record`: what it measures is kept as its wave's plan (not for a restarted worker,
+    which measures beside running instances)."""
 
     wait: Callable[[], None] = _no_wait
     wave: int = 0
     waves: int = 1
     plan: bool = False
+    plans_before: float | None = None
+    record: bool = True
 
 
 def check_engine(engine_or_class, weight_sync: str) -> None:

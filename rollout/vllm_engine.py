@@ -192,7 +192,7 @@ class VLLMEngine:
         extra_args: dict | None = None,
         kept_set_buffer_mb: float = 256.0,
         fp32_lm_head: bool = False,
-        engine_core_in_process: bool = False,
+        engine_core_in_process: bool = True,
         start: EngineStart | None = None,
     ):
         # IPC handles travel pickled; the sampler needs no flashinfer.
@@ -612,6 +612,6 @@ def build(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, see
         extra_args=dict(rcfg.get("engine_args") or {}),
         kept_set_buffer_mb=float(rcfg.get("kept_set_buffer_mb") or 256),
         fp32_lm_head=bool(model_cfg.get("fp32_lm_head", False)),
-        engine_core_in_process=str(rcfg.get("engine_core", "subprocess")) == "in_process",
+        engine_core_in_process=str(rcfg.get("engine_core", "in_process")) == "in_process",
         start=start,
     )

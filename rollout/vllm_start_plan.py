@@ -13,10 +13,14 @@ it. vLLM 0.26 has the same idea for one instance (`VLLM_ENABLE_STARTUP_PLAN`), b
 does not tell the instances of a GPU apart, and it is refused whenever less memory is free than when it was
 recorded, which is so for every instance that starts beside another.
 
-An instance uses a plan only when every wave of its GPU has one (`plan_for`): then all of them skip the measurement,
-or none does, and none measures while another allocates. A `kv_cache_memory_bytes` in `rollout.engine_args` is a plan
-the user made. vLLM still checks at start that its `gpu_memory_utilization` share of the GPU is free, and a GPU shared
-with another job should run with `rollout.start_plan=false` (the measurement then sees that job's memory).
+An instance uses a plan only when every wave of its GPU has a usable one (`plan_for`): then all of them skip the
+measurement, or none does, and none measures while another allocates. For all waves to decide alike, each reads only
+the plans written before its run began (`EngineStart.plans_before`): a plan another GPU's instance or another run
+records meanwhile is for the next run. A plan larger than the instance's `gpu_memory_utilization` share of the GPU
+is not usable (vLLM would take it whatever the share). A restarted instance (`EngineStart.record` off) records
+nothing: it measures, if at all, beside running instances. A `kv_cache_memory_bytes` in `rollout.engine_args` is a
+plan the user made. vLLM still checks at start that its share of the GPU is free, and a GPU shared with another job
+should run with `rollout.start_plan=false` (the measurement then sees that job's memory).
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ log = logging.getLogger(__name__)
 PLAN_VERSION = 1
 # Engine arguments that do not change the memory an instance takes (each instance has its own seed)
 NOT_MEMORY = ("seed",)
+# Environment variables that change what vLLM measures or allocates (backends, model runner, whether CUDA-graph memory
+# is taken out of the KV cache, where the engine core runs, the allocator's settings)
+MEMORY_ENV = ("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "VLLM_ATTENTION_BACKEND", "VLLM_USE_V2_MODEL_RUNNER",
+              "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_BATCH_INVARIANT",
+              "PYTORCH_CUDA_ALLOC_CONF")
 
 
 def plan_dir() -> Path:
@@ -43,40 +52,73 @@ def plan_dir() -> Path:
 
 
 def device_identity() -> dict:
-    """What the KV-cache size depends on besides the engine's arguments: library versions and this process's GPU
-    (vLLM's platform reads it through NVML, without creating a CUDA context)."""
+    """What the KV-cache size depends on besides the engine's arguments: library and driver versions, the environment
+    variables of MEMORY_ENV, and this process's GPU (read through NVML, without creating a CUDA context)."""
     import torch
     import vllm
     from vllm.platforms import current_platform
+    from vllm.utils.import_utils import import_pynvml
 
+    pynvml = import_pynvml()
+    pynvml.nvmlInit()
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+    finally:
+        pynvml.nvmlShutdown()
     return {"vllm": vllm.__version__, "torch": torch.__version__, "cuda": torch.version.cuda or "",
-            "device": current_platform.get_device_name(0), "memory": int(current_platform.get_device_total_memory(0))}
+            "driver": driver.decode() if isinstance(driver, bytes) else str(driver),
+            "device": current_platform.get_device_name(0), "memory": int(current_platform.get_device_total_memory(0)),
+            "env": {k: os.environ[k] for k in MEMORY_ENV if k in os.environ}}
+
+
+def model_fingerprint(model: str) -> str:
+    """The model's config.json (its shapes), so a directory rewritten in place gets new plans; "" when `model` is not
+    a local directory (a hub name: its revision is in the engine arguments when pinned)."""
+    try:
+        return hashlib.sha256((Path(model) / "config.json").read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
 
 
 def plan_key(engine_args: dict, wave: int, waves: int, identity: dict) -> str:
     """The file name of wave `wave`'s plan (of `waves` instances on the GPU) for these vLLM arguments."""
     args = {k: v for k, v in engine_args.items() if k not in NOT_MEMORY}
-    factors = {"plan": PLAN_VERSION, "args": args, "wave": int(wave), "waves": int(waves), **identity}
+    factors = {"plan": PLAN_VERSION, "args": args, "model_config": model_fingerprint(str(engine_args.get("model", ""))),
+               "wave": int(wave), "waves": int(waves), **identity}
     blob = json.dumps(factors, sort_keys=True, default=repr)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def read_plan(key: str, folder: Path | None = None) -> int | None:
-    """The recorded KV-cache bytes under `key`, or None (absent, unreadable, or not a positive size)."""
+def read_plan(key: str, folder: Path | None = None, before: float | None = None,
+              limit: int | None = None) -> int | None:
+    """The recorded KV-cache bytes under `key`, or None: absent, written at or after `before` (time.time()),
+    unreadable, not a positive size, or over `limit` bytes."""
     path = (folder or plan_dir()) / f"{key}.json"
     try:
+        if before is not None and path.stat().st_mtime >= before:
+            return None
         value = json.loads(path.read_text()).get("kv_cache_memory_bytes")
     except FileNotFoundError:
         return None
     except (OSError, ValueError, AttributeError) as e:
         log.warning("start plan %s unreadable (%s): the instance measures the GPU's memory", path, e)
         return None
-    return value if isinstance(value, int) and value > 0 else None
+    if not isinstance(value, int) or value <= 0:
+        return None
+    if limit is not None and value > limit:
+        log.warning("start plan %s holds %.2f GiB of KV cache, more than the instance's share of the GPU (%.2f GiB): "
+                    "the instances measure again", path, value / 2**30, limit / 2**30)
+        return None
+    return value
 
 
-def plan_for(engine_args: dict, wave: int, waves: int, identity: dict, folder: Path | None = None) -> int | None:
-    """This instance's KV-cache bytes, when every wave of its GPU has a plan; else None (measure, in turn)."""
-    plans = [read_plan(plan_key(engine_args, w, waves, identity), folder) for w in range(int(waves))]
+def plan_for(engine_args: dict, wave: int, waves: int, identity: dict, folder: Path | None = None,
+             before: float | None = None) -> int | None:
+    """This instance's KV-cache bytes when every wave of its GPU has a usable plan written before `before`; else None
+    (measure, in turn). Every wave reads the same files against the same limit, so all decide alike."""
+    share = engine_args.get("gpu_memory_utilization")
+    limit = int(float(share) * identity["memory"]) if share and identity.get("memory") else None
+    plans = [read_plan(plan_key(engine_args, w, waves, identity), folder, before, limit) for w in range(int(waves))]
     return plans[int(wave)] if all(p is not None for p in plans) else None
 
 
@@ -125,10 +167,10 @@ class StartTurn:
             log.warning("no vLLM start plan: this GPU is not identified (%s: %s)", type(e).__name__, e)
             self.start.wait()
             return
-        kv = plan_for(self.kwargs, self.start.wave, self.start.waves, identity)
+        kv = plan_for(self.kwargs, self.start.wave, self.start.waves, identity, before=self.start.plans_before)
         if kv is None:
             self.start.wait()
-            self.identity = identity
+            self.identity = identity if self.start.record else None
             return
         kwargs["kv_cache_memory_bytes"] = kv
         log.info("vLLM start plan: wave %d of %d starts now with the %.2f GiB KV cache it measured before",

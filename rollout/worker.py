@@ -34,11 +34,13 @@ EARLY_WAIT_S = 0.2
 
 class RolloutWorker:
     def __init__(self, cfg: dict, model_path: str, rank: int, env: dict[str, str | None] | None = None,
-                 after: list = ()):
+                 after: list | None = (), plans_before: float | None = None):
         """`env`: variables set (None: unset) before the engine starts: where a tensor-parallel vLLM instance's Ray
         workers go (launch.placement.GpuPlacement.worker_env). `after`: ready calls of the instances that must
         measure this GPU's free memory first (an earlier start wave, launch.cluster.ActorPool): the engine's own
-        imports run meanwhile, then the engine starts (vLLM with a start plan does not wait: rollout/vllm_start_plan.py)."""
+        imports run meanwhile, then the engine starts (vLLM with a start plan does not wait: rollout/vllm_start_plan.py).
+        `after` None: a restarted worker (launch.cluster.ActorPool.replace), which records no start plan.
+        `plans_before`: when the run created its workers; start plans written later are for the next run."""
         for key, value in (env or {}).items():
             if value is None:
                 os.environ.pop(key, None)
@@ -54,7 +56,8 @@ class RolloutWorker:
         # this instance's wave among those sharing its GPU, as launch.cluster.ActorPool numbers them
         waves = engines_per_gpu(cfg) if engine_spec(self.engine_kind).gpu_memory else 1
         start = EngineStart(wait=lambda: wait_for(after), wave=rank % waves, waves=waves,
-                            plan=bool(rcfg.get("start_plan", True)))
+                            plan=bool(rcfg.get("start_plan", True)), plans_before=plans_before,
+                            record=after is not None)
         self.engine = make_engine(
             rcfg, cfg["model"], model_path, record_routes=bool(cfg["algorithm"]["keep_routing"]),
             seed=int(cfg["seed"]) * 1_000_003 + rank, start=start,

@@ -49,6 +49,27 @@ def test_every_cache_of_a_run_is_under_the_benchmarks_own_folder(tmp_path):
     assert "trainer.total_steps=1" in cmd and "eval.every=0" in cmd and cmd[-1] == "rollout.enforce_eager=true"
 
 
+def test_an_installed_run_compiles_the_packages_bytecode_into_its_own_cache_first(tmp_path):
+    """`installed`: the bytecode a plain pip install writes, compiled into the run's emptied cache (never beside the
+    packages), timed apart from the run; a file that does not compile is skipped."""
+    pkg = tmp_path / "site" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("X = 1\n")
+    (pkg / "broken.py").write_text("def (:\n")
+    env = {**os.environ, **cold_start.cache_env(tmp_path / "out")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    seconds = cold_start.compile_bytecode(env, [str(tmp_path / "site")])
+    assert seconds >= 0
+    prefix = tmp_path / "out" / "caches" / "pycache"
+    compiled = [p.name for p in prefix.rglob("*.pyc") if "site/pkg" in str(p)]  # (not the stdlib compileall ran on)
+    assert len(compiled) == 1 and compiled[0].startswith("__init__.")
+    assert not list((tmp_path / "site").rglob("*.pyc"))
+    assert set(cold_start.installed_packages()) >= {__import__("sysconfig").get_paths()["purelib"]}
+    record = {"label": "1_installed", "kind": "installed", "overrides": [], "bytecode_s": 12.5, "step1_s": 40.0,
+              "wall_s": 42.0, "start_up": {"first_step": 40.0}, "vllm": {}, "exit_code": 0}
+    assert "| 1_installed: installed (bytecode compiled before, 12.5 s) | 40.0 |" in cold_start.table([record])
+
+
 @pytest.mark.slow
 def test_a_fresh_run_on_the_embedded_default_reaches_step_one_and_fills_its_own_caches(tmp_path):
     r = cold_start.cold_start(tmp_path, "1_fresh", "fresh", "mixed_rl", [], timeout=900)

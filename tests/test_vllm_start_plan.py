@@ -14,7 +14,8 @@ from rl.engine_specs import ENGINES, EngineSpec
 from rollout import vllm_start_plan as sp
 from rollout.engines import EngineStart, make_engine
 
-IDENTITY = {"vllm": "0.26.0", "torch": "2.11.0", "cuda": "13.0", "device": "NVIDIA H200", "memory": 150 * 2**30}
+IDENTITY = {"vllm": "0.26.0", "torch": "2.11.0", "cuda": "13.0", "driver": "580.95", "device": "NVIDIA H200",
+            "memory": 150 * 2**30, "env": {}}
 ARGS = {"model": "/cache/smollm2", "dtype": "bfloat16", "gpu_memory_utilization": 0.15, "enable_sleep_mode": True,
         "seed": 7}
 
@@ -44,22 +45,31 @@ def plans(tmp_path, monkeypatch):
     return tmp_path / "vllm_start"
 
 
-def _start(args, wave, waves=2, plan=True, tp=1, measured=None):
+def _start(args, wave, waves=2, plan=True, tp=1, measured=None, before=None, record=True):
     """One instance's start as VLLMEngine runs it: the turn, then vLLM (measuring when no size was given)."""
     turn, kwargs = _Turn(), dict(args)
-    start = sp.StartTurn(kwargs, EngineStart(wait=turn.wait, wave=wave, waves=waves, plan=plan), tp)
+    start = sp.StartTurn(kwargs, EngineStart(wait=turn.wait, wave=wave, waves=waves, plan=plan, plans_before=before,
+                                             record=record), tp)
     start.record(_Measured(measured if "kv_cache_memory_bytes" not in kwargs else 0))
     return turn.waited, kwargs.get("kv_cache_memory_bytes")
 
 
-def test_the_key_ignores_the_seed_and_tells_waves_settings_and_gpus_apart():
+def test_the_key_ignores_the_seed_and_tells_waves_settings_gpus_and_models_apart(tmp_path):
     key = sp.plan_key(ARGS, 0, 2, IDENTITY)
     assert key == sp.plan_key({**ARGS, "seed": 8}, 0, 2, IDENTITY)  # each instance has its own seed
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 576}')
+    local = sp.plan_key({**ARGS, "model": str(model)}, 0, 2, IDENTITY)
     others = [sp.plan_key(ARGS, 1, 2, IDENTITY), sp.plan_key(ARGS, 0, 1, IDENTITY),
               sp.plan_key({**ARGS, "gpu_memory_utilization": 0.2}, 0, 2, IDENTITY),
               sp.plan_key(ARGS, 0, 2, {**IDENTITY, "device": "NVIDIA H100 80GB HBM3"}),
-              sp.plan_key(ARGS, 0, 2, {**IDENTITY, "vllm": "0.27.0"})]
-    assert len({key, *others}) == 6
+              sp.plan_key(ARGS, 0, 2, {**IDENTITY, "vllm": "0.27.0"}),
+              sp.plan_key(ARGS, 0, 2, {**IDENTITY, "env": {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0"}}), local]
+    assert len({key, *others}) == 8
+    (model / "config.json").write_text('{"hidden_size": 1024}')  # the directory rewritten in place
+    assert sp.plan_key({**ARGS, "model": str(model)}, 0, 2, IDENTITY) != local
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" in sp.MEMORY_ENV  # rollout.engine_core's switch
 
 
 def test_first_run_measures_in_turn_and_the_next_starts_every_wave_at_once(plans):
@@ -83,6 +93,35 @@ def test_a_plan_is_used_only_when_every_wave_of_the_gpu_has_one(plans):
     assert _start(ARGS, 1) == (0, 16 * 2**30)
     # other settings (here: another share of the GPU) have no plan
     assert _start({**ARGS, "gpu_memory_utilization": 0.3}, 1, measured=30 * 2**30) == (1, None)
+
+
+def test_plans_written_after_the_run_began_wait_for_the_next_run(plans):
+    """The waves of a GPU decide one by one as their imports end. Another GPU's instance, or another run sharing the
+    cache, may record the missing plan between two of those decisions: a wave that then skipped its wait would
+    allocate while an earlier one measures. Each reads only the plans written before its run created the workers."""
+    import time
+
+    _start(ARGS, 0, measured=17 * 2**30)  # wave 1's plan is missing when this run begins
+    began = time.time()
+    time.sleep(0.05)
+    _start(ARGS, 1, measured=16 * 2**30)  # ... and recorded meanwhile by another run
+    assert _start(ARGS, 1, before=began) == (1, None)  # this run's wave 1 still goes in turn, as wave 0 did
+    assert _start(ARGS, 0, before=time.time() + 1) == (0, 17 * 2**30)  # the next run uses both
+
+
+def test_a_restarted_instance_records_nothing_and_an_oversized_plan_is_measured_again(plans, caplog):
+    # a restart measures beside running instances (the trainer, the other instance): not a plan for its wave
+    assert _start(ARGS, 0, measured=5 * 2**30, record=False) == (1, None)
+    assert not plans.exists()
+    _start(ARGS, 0, measured=17 * 2**30)
+    _start(ARGS, 1, measured=16 * 2**30)
+    # a plan over the instance's share of the GPU (0.15 of 150 GiB here) would take the trainer's memory: all waves
+    # measure again, in turn
+    path = plans / f"{sp.plan_key(ARGS, 1, 2, IDENTITY)}.json"
+    path.write_text(json.dumps({"kv_cache_memory_bytes": 30 * 2**30}))
+    with caplog.at_level(logging.WARNING):
+        assert _start(ARGS, 0) == (1, None)
+    assert "more than the instance's share" in caplog.text
 
 
 def test_off_tensor_parallel_and_a_users_own_size_start_as_before(plans):
@@ -156,3 +195,27 @@ def test_make_engine_waits_the_turn_for_an_engine_that_does_not_plan_its_start(m
     make_engine({"engine": "toy"}, {}, "unused", record_routes=False, start=start)
     assert turn.waited == 1 and BUILT[-1] is start  # its build takes the turn and decides
     assert ENGINES["vllm"].plans_start and not ENGINES["hf"].plans_start
+
+
+def test_a_rollout_worker_takes_its_wave_from_its_rank_and_a_restart_records_nothing(monkeypatch):
+    """launch.cluster.ActorPool starts worker i in wave i % engines_per_gpu; the worker hands its engine that turn,
+    the run's start time for the plans, and whether it is a restart (after=None, ActorPool.replace)."""
+    from launch.train import CONF_DIR
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rollout.worker import RolloutWorker
+
+    monkeypatch.setitem(ENGINES, "toy", EngineSpec("toy", build=f"{__name__}:build_toy", gpu_memory=True,
+                                                   weight_sync="state_dict", plans_start=True))
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=[
+            "+experiment=mixed_rl", "rollout.engine=toy", "+rollout.placement=colocated", "rollout.num_workers=4",
+            "rollout.num_gpus=0.2", "trainer.num_processes=2"]), resolve=True)
+    cfg["domains"] = {k: v for k, v in cfg["domains"].items() if not v.get("agent")}  # (the toy has no tokenizer)
+    BUILT[:] = []
+    RolloutWorker(cfg, "unused", 3, after=[], plans_before=123.0)
+    RolloutWorker(cfg, "unused", 2, after=None)
+    first, restart = BUILT
+    assert (first.wave, first.waves, first.plans_before, first.record) == (1, 2, 123.0, True)
+    assert (restart.wave, restart.waves, restart.record) == (0, 2, False)

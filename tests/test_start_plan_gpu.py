@@ -1,0 +1,53 @@
+"""Start plans on a GPU (rollout/vllm_start_plan.py): `smol_math`'s two vLLM instances of one GPU measure its memory one
+after the other in a machine's first run and record what they got; the next run with the same settings starts both
+side by side with those sizes, and gets the same KV caches (vLLM's own "GPU KV cache size" lines). The seconds this
+saves are measured by benchmarks/cold_start.py, not asserted here.
+
+Run on the device: `pytest -m gpu tests/test_start_plan_gpu.py -s` (two runs of one step each, ~3 min on an H200).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():  # pragma: no cover - CPU machines with vllm installed
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one_step(run_dir: Path, cache: Path) -> str:
+    """One step of smol_math with its own MIXRL_CACHE (where the plans live); returns its train.log."""
+    cmd = [sys.executable, "-m", "launch.train", "+experiment=smol_math", f"run_dir={run_dir}",
+           "trainer.total_steps=1", "eval.every=0", "eval.before_train=false", "trainer.save_last=false",
+           "logger.mode=disabled", "logger.progress_bar=false"]
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "MIXRL_CACHE": str(cache)}, capture_output=True,
+                          text=True, timeout=900)
+    log = (run_dir / "train.log").read_text(errors="replace") if (run_dir / "train.log").exists() else ""
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:] + log[-4000:]
+    return log
+
+
+def kv_cache_tokens(log: str) -> list[int]:
+    return sorted(int(n.replace(",", "")) for n in re.findall(r"GPU KV cache size: ([\d,]+) tokens", log))
+
+
+def test_the_second_run_starts_both_instances_of_the_gpu_with_the_sizes_the_first_measured(tmp_path):
+    cache = tmp_path / "cache"
+    first = one_step(tmp_path / "first", cache)
+    assert "vLLM start plan" not in first  # nothing recorded yet: the instances measured in turn
+    assert len(list((cache / "vllm_start").glob("*.json"))) == 2  # one plan per wave
+    second = one_step(tmp_path / "second", cache)
+    assert "wave 0 of 2 starts now" in second and "wave 1 of 2 starts now" in second
+    sizes = kv_cache_tokens(first)
+    print("KV cache tokens per instance, first / second run:", sizes, kv_cache_tokens(second))
+    assert len(sizes) == 2 and kv_cache_tokens(second) == sizes

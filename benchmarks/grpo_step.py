@@ -21,7 +21,10 @@ on, its vLLM importance-sampling correction on). s/step is the median over steps
 and warm-up). Ours also prints its time per phase and `perf/mfu` (body FLOPs of the train phase, rl/flops.py).
 
     python benchmarks/grpo_step.py --out /tmp/grpo_step [--bench qwen06b smol] [--steps 6]
-        [--only ours ours_compiled trl ours_split ours_split_compiled ours_dp2]
+        [--only ours ours_compiled trl ours_split ours_split_compiled ours_dp2 verl_defaults verl_best]
+
+verl_defaults / verl_best run benchmarks/verl_peer.py's verl 0.9.1 on the same bench in the same --out, one after
+the other with the rest on this machine, and its rows print under ours and TRL's.
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ def dp2(bench: str) -> dict:
 COMPILED = ["trainer.compile=true"]
 PHASES = ("rollout", "rollout_wait", "reward", "ref", "train", "sync")  # rollout_wait: split runs (max_staleness 1)
 RUNS = ("ours", "ours_compiled", "trl", "ours_split", "ours_split_compiled", "ours_dp2")
+# verl 0.9.1 at its defaults and its best setting (benchmarks/verl_peer.py, in the same --out: its rows print below)
+VERL_RUNS = {"verl_defaults": "defaults", "verl_best": "best"}
 TWO_GPUS = ("ours_split", "ours_split_compiled", "ours_dp2")
 LABELS = {"ours": "colocated on 1 GPU", "ours_compiled": "colocated on 1 GPU, trainer.compile",
           "ours_dp2": "colocated on 2 GPUs, data parallel (a reference sharded over the ranks)",
@@ -179,7 +184,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--bench", nargs="+", default=list(BENCHES), choices=list(BENCHES))
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--only", nargs="+", default=["ours", "trl"], choices=RUNS)
+    ap.add_argument("--only", nargs="+", default=["ours", "trl"], choices=[*RUNS, *VERL_RUNS])
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run (a cut run keeps its steps)")
     ap.add_argument("--report", action="store_true", help="print the table of what --out holds, run nothing")
     ap.add_argument("--override", nargs="*", default=[],
@@ -196,6 +201,7 @@ def main() -> None:
                     run_ours(bench, path, out, args.steps, args.timeout, name, tuple(args.override))
             if "trl" in args.only:
                 run_trl(bench, path, out, args.steps, args.timeout)
+            run_verl_peer(bench, path, out, args.steps, args.timeout, [VERL_RUNS[n] for n in args.only if n in VERL_RUNS])
             for name in TWO_GPUS:
                 if name in args.only:
                     run_ours(bench, path, out, args.steps, args.timeout, name, tuple(args.override))
@@ -206,6 +212,17 @@ def main() -> None:
         from verl_peer import table as verl_table
 
         print(verl_table(verl))
+
+
+def run_verl_peer(bench: str, path: str, out: Path, steps: int, timeout: float, settings: list[str]) -> None:
+    """verl's runs of `bench` at `settings` (benchmarks/verl_peer.py; needs verl installed and >= 13 CPUs)."""
+    if not settings:
+        return
+    from verl_peer import check_cpus, run_verl
+
+    check_cpus()
+    for setting in settings:
+        run_verl(bench, setting, path, out.resolve(), steps, timeout)
 
 
 def summaries(bench: str, out: Path) -> list[dict]:

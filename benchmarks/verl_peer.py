@@ -269,18 +269,12 @@ def overrides(bench: str, setting: str, model: str, data: Path, run_dir: Path, s
     if setting == "best":
         out += ["actor_rollout_ref.model.enable_gradient_checkpointing=false",
                 "algorithm.rollout_correction.bypass_mode=true"]
-        if not flash_attn_installed():
+        if attn_implementation() == "sdpa":
             # without flash-attn, verl's packed micro-batch (use_remove_padding) reaches sdpa as one sequence whose
             # attention mask is tokens x tokens: smol's 256 samples without checkpointing ran out of the H200's
             # 140 GB in the first update (2026-11-27); padded sequences cost per sample only
             out += ["actor_rollout_ref.model.use_remove_padding=false"]
     return out
-
-
-def flash_attn_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("flash_attn") is not None
 
 
 def hydra_overrides(run_dir: Path) -> list[str]:

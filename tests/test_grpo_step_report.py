@@ -69,3 +69,19 @@ def test_split_throughput_is_against_the_one_gpu_run_with_the_same_trainer(grpo_
     # data parallel: every step counts (no step waits on a next rollout), against the eager one-GPU run
     assert rows["smol, colocated on 2 GPUs, data parallel (a reference sharded over the ranks)"]["speedup"] == pytest.approx(2.0 / 1.1)
     assert "2.00x" in grpo_step.table(list(rows.values()))
+
+
+def test_verl_runs_go_to_verl_peer_with_their_setting_in_the_same_out(grpo_step, tmp_path, monkeypatch):
+    """`--only verl_best` (with ours and TRL, one command on one machine): verl_peer.py's run of the bench at its
+    best setting, written beside ours; nothing of verl runs unless asked."""
+    import verl_peer
+
+    calls = []
+    monkeypatch.setattr(verl_peer, "check_cpus", lambda count=None: calls.append("cpus"))
+    monkeypatch.setattr(verl_peer, "run_verl", lambda *a: calls.append(a))
+    grpo_step.run_verl_peer("smol", "/models/smol", tmp_path, 6, 900.0, [])
+    assert calls == []
+    grpo_step.run_verl_peer("smol", "/models/smol", tmp_path, 6, 900.0, ["defaults", "best"])
+    assert calls == ["cpus", ("smol", "defaults", "/models/smol", tmp_path.resolve(), 6, 900.0),
+                     ("smol", "best", "/models/smol", tmp_path.resolve(), 6, 900.0)]
+    assert grpo_step.VERL_RUNS == {"verl_defaults": "defaults", "verl_best": "best"}

@@ -15,8 +15,9 @@ starts from nothing:
 Runs, in the order given (`--runs fresh warm warm`): `fresh` empties those caches first, `warm` keeps what the runs
 before it left, `installed` is a fresh run after compiling the installed packages' bytecode into the emptied cache
 (what a plain `pip install` leaves on a user's fresh machine; an image installed with `--no-compile`, as the device
-machines are, has none): its seconds are printed apart (`bytecode_s`), not counted in the run's. Not emulated: the OS's page cache (files read before stay in memory) and a fresh Ray / CUDA driver
-state, so a `fresh` run here is at best as slow as the first run on a new machine.
+machines are, has none): its seconds are printed apart (`bytecode_s`), not counted in the run's. Not emulated: the
+OS's page cache (files read before stay in memory) and a fresh Ray / CUDA driver state, so a `fresh` run here is at
+best as slow as the first run on a new machine.
 
 What is printed per run: seconds to step 1 (the run's own start-up timeline, launch/startup.py, which counts from
 its process's creation), the whole command's wall time, the timeline's milestones, and vLLM's own start-up lines

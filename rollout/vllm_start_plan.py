@@ -32,6 +32,7 @@ import os
 import time
 from pathlib import Path
 
+from rl.models import cache_root
 from rollout.engines import EngineStart
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,13 @@ MEMORY_ENV = ("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "VLLM_ATTENTION_BACKEN
 
 
 def plan_dir() -> Path:
-    """MIXRL_CACHE/vllm_start (rl.models.cache_root, not imported: it needs torch and transformers)."""
-    return Path(os.environ.get("MIXRL_CACHE", Path.home() / ".cache" / "mixrl")) / "vllm_start"
+    """MIXRL_CACHE/vllm_start."""
+    return cache_root() / "vllm_start"
+
+
+def memory_args(engine_args: dict) -> dict:
+    """The engine arguments a plan depends on (all but NOT_MEMORY)."""
+    return {k: v for k, v in engine_args.items() if k not in NOT_MEMORY}
 
 
 def device_identity() -> dict:
@@ -82,8 +88,7 @@ def model_fingerprint(model: str) -> str:
 
 def plan_key(engine_args: dict, wave: int, waves: int, identity: dict) -> str:
     """The file name of wave `wave`'s plan (of `waves` instances on the GPU) for these vLLM arguments."""
-    args = {k: v for k, v in engine_args.items() if k not in NOT_MEMORY}
-    factors = {"plan": PLAN_VERSION, "args": args, "model_config": model_fingerprint(str(engine_args.get("model", ""))),
+    factors = {"plan": PLAN_VERSION, "args": memory_args(engine_args), "model_config": model_fingerprint(str(engine_args.get("model", ""))),
                "wave": int(wave), "waves": int(waves), **identity}
     blob = json.dumps(factors, sort_keys=True, default=repr)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
@@ -129,7 +134,7 @@ def write_plan(engine_args: dict, wave: int, waves: int, identity: dict, kv_cach
     path = folder / f"{plan_key(engine_args, wave, waves, identity)}.json"
     record = {"kv_cache_memory_bytes": int(kv_cache_memory_bytes), "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "wave": int(wave), "waves": int(waves), **identity,
-              "args": {k: v for k, v in engine_args.items() if k not in NOT_MEMORY}}
+              "args": memory_args(engine_args)}
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")

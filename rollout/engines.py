@@ -121,12 +121,13 @@ def sampling_params(rcfg: dict, seed: int, record_kept_set: bool = True) -> Samp
 
 
 def make_engine(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, seed: int = 0,
-                start: EngineStart | None = None):
+                start: EngineStart | None = None, bitwise: bool = False):
     """An engine for `model_path` from the rollout (`rcfg`) and model (`model_cfg`) config sections, built by its
     registered `build` (rl/engine_specs.py) and checked against the contract of its weight sync. `start`: its turn
-    to start; an engine whose spec `plans_start` takes it and waits itself, any other is built after `start.wait()`."""
+    to start; an engine whose spec `plans_start` takes it and waits itself, any other is built after `start.wait()`.
+    `bitwise`: `algorithm.on_policy=bitwise` (vLLM only, rl/config.py)."""
     spec = engine_spec(resolve_engine(rcfg))
-    extra = {}
+    extra = {"bitwise": True} if bitwise else {}
     if start is not None:
         if spec.plans_start:
             extra["start"] = start

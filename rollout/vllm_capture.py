@@ -5,10 +5,10 @@ Why: asking vLLM for `logprobs=K` costs ~40% of rollout throughput at K=65 (benc
 sampled position sends K+1 (id, logprob) pairs through the worker's `tolists`, the engine-core -> front-end
 IPC and the front-end's per-position Python bookkeeping. Here the sampler's own processed distribution
 ([rows, vocab], -inf outside the top-k/top-p kept set) is reduced on the GPU, in one fused pass per row
-(rollout/kept_set.py), to what training needs:
+(rl/kept_set.py), to what training needs:
 - the sampled token's processed logprob (one float per row),
 - the kept set, complete: the ids whose value is finite, written back to back into one GPU buffer
-  (rollout/kept_set.py, CSR) - a peaked distribution keeps a handful of ids, a flat one thousands, and either
+  (rl/kept_set.py, CSR) - a peaked distribution keeps a handful of ids, a flat one thousands, and either
   costs memory in proportion,
 and moved to the CPU every few steps (at most `FLUSH_EVERY`, sooner when the sets are large enough to fill half
 the buffer in between): one copy of the used part of the buffer and of the per-row arrays, no work per id.
@@ -33,7 +33,7 @@ import time
 import numpy as np
 import torch
 
-from rollout.kept_set import LOST, KeptIdBuffer, reduce_rows
+from rl.kept_set import LOST, KeptIdBuffer, reduce_rows
 
 FLUSH_EVERY = 64  # most steps between GPU -> CPU moves (each one synchronises once)
 _RAND_SUFFIX = re.compile(r"-[0-9a-f]{8}$")  # vLLM appends "-<8 hex>" to every request id it is given

@@ -194,6 +194,7 @@ class VLLMEngine:
         fp32_lm_head: bool = False,
         engine_core_in_process: bool = True,
         start: EngineStart | None = None,
+        bitwise: bool = False,
     ):
         # IPC handles travel pickled; the sampler needs no flashinfer.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -201,6 +202,8 @@ class VLLMEngine:
             import flashinfer  # noqa: F401
         except Exception:
             os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        if bitwise:  # vLLM reads some of its settings when its modules are imported
+            os.environ["VLLM_BATCH_INVARIANT"] = "1"
         from transformers import AutoConfig
         from vllm import LLM
 
@@ -244,6 +247,11 @@ class VLLMEngine:
             except ImportError:
                 kwargs["weight_transfer_config"] = {"backend": weight_transfer_backend}
         kwargs.update(extra_args or {})
+        if bitwise:  # algorithm.on_policy=bitwise (rollout/bitwise_engine.py)
+            from rollout.bitwise_engine import bitwise_engine_args
+
+            kwargs = bitwise_engine_args(kwargs, engine_core_in_process=engine_core_in_process,
+                                         tensor_parallel_size=int(tensor_parallel_size))
         if engine_core_in_process:
             # vLLM's engine core runs in this process instead of a spawned one that imports vLLM and torch again
             # (~13 s of each instance's start on a GPU machine, benchmarks/README.md cold_start.py)
@@ -591,7 +599,7 @@ def _watch_steps(engine, prompts: list[list[int]], per_request: int, on_samples_
 
 
 def build(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, seed: int = 0,
-          start: EngineStart | None = None) -> VLLMEngine:
+          start: EngineStart | None = None, bitwise: bool = False) -> VLLMEngine:
     """`rollout.engine=vllm` (rl/engine_specs.py): the rollout keys of the config, CUDA IPC weight transfer when
     colocated with the trainer, NCCL when split. `start`: its turn among the instances of its GPU (StartTurn)."""
     k = rcfg.get("logprobs")
@@ -614,4 +622,5 @@ def build(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, see
         fp32_lm_head=bool(model_cfg.get("fp32_lm_head", False)),
         engine_core_in_process=str(rcfg.get("engine_core", "in_process")) == "in_process",
         start=start,
+        bitwise=bitwise,
     )

@@ -17,7 +17,7 @@ import numpy as np
 import ray
 import torch
 
-from rl.config import engines_per_gpu
+from rl.config import bitwise_on_policy, engines_per_gpu
 from rl.engine_specs import engine_spec
 from rl.trajectory import Trajectory
 from rollout.engines import EngineStart, import_engine, make_engine, resolve_engine, sampling_params
@@ -60,7 +60,7 @@ class RolloutWorker:
                             record=after is not None)
         self.engine = make_engine(
             rcfg, cfg["model"], model_path, record_routes=bool(cfg["algorithm"]["keep_routing"]),
-            seed=int(cfg["seed"]) * 1_000_003 + rank, start=start,
+            seed=int(cfg["seed"]) * 1_000_003 + rank, start=start, bitwise=bitwise_on_policy(cfg),
         )
         self.tokenizer = self.engine.tokenizer
         # Keep Sampling Mask is decided here, once: the engine records kept sets only when it is on.

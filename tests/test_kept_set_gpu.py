@@ -1,4 +1,4 @@
-"""The fused Triton reduction of rollout/kept_set.py against its torch reference, on a GPU (`-m gpu`)."""
+"""The fused Triton reduction of rl/kept_set.py against its torch reference, on a GPU (`-m gpu`)."""
 
 import pytest
 import torch
@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 
 import numpy as np  # noqa: E402
 
-from rollout.kept_set import LOST, KeptIdBuffer, reduce_rows, reduce_rows_torch  # noqa: E402
+from rl.kept_set import LOST, KeptIdBuffer, reduce_rows, reduce_rows_torch  # noqa: E402
 from rollout.sampling import process_logits  # noqa: E402
 
 

@@ -13,7 +13,7 @@ import torch
 
 from rl.trajectory import Trajectory, collate
 from rollout.hf_engine import HFEngine
-from rollout.kept_set import KeptIdBuffer, reduce_rows_torch
+from rl.kept_set import KeptIdBuffer, reduce_rows_torch
 from rollout.sampling import SamplingParams
 from trainer.forward import forward_logprobs
 
@@ -89,7 +89,7 @@ def test_kept_sets_on_real_distributions_match_a_brute_force_reference(engine, s
 
 
 def test_the_vllm_capture_path_records_whole_real_kept_sets(engine, sampled):
-    """rollout/kept_set.py (the sampler capture's reduction, its torch path here) on the model's processed
+    """rl/kept_set.py (the sampler capture's reduction, its torch path here) on the model's processed
     distribution: the sampled logprob (exactly the processed distribution's, and the transformers engine's up to
     float32 noise) and the whole kept set of every position (back to back in the kept-id buffer)."""
     from rollout.sampling import process_logits

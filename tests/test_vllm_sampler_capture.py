@@ -288,8 +288,8 @@ def test_a_failing_record_never_breaks_sampling():
 
 @pytest.mark.parametrize("logits", [False, True])
 def test_reduce_rows_matches_a_direct_computation(logits):
-    """rollout.kept_set.reduce_rows (the torch path; the Triton kernel is compared with it on the GPU)."""
-    from rollout.kept_set import LOST, KeptIdBuffer, reduce_rows_torch
+    """rl.kept_set.reduce_rows (the torch path; the Triton kernel is compared with it on the GPU)."""
+    from rl.kept_set import LOST, KeptIdBuffer, reduce_rows_torch
 
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(6, 40, generator=gen, dtype=torch.float64)
@@ -321,7 +321,7 @@ def test_kept_ids_leave_the_gpu_in_16_bits_when_the_vocabulary_fits(vocab, dtype
     """Ids of a vocabulary of at most 2**16 are drained as uint16 (half the bytes to copy, send and gather), ids at
     and past 2**15 included; the sample keeps them in that dtype and `collate` gives the trainer int32 ids."""
     from rl.trajectory import Trajectory, collate
-    from rollout.kept_set import KeptIdBuffer, reduce_rows_torch
+    from rl.kept_set import KeptIdBuffer, reduce_rows_torch
     from rollout.vllm_capture import assemble, merge_chunks
 
     x = torch.full((3, vocab), float("-inf"))

@@ -134,13 +134,23 @@ def forward_logprobs(
     fp32_head: bool = False,
     support_head: bool = False,
     compiled: bool = False,
+    bitwise: bool = False,
 ) -> ForwardOut:
     """Logprobs (and entropy) of the sampled tokens; run inside `route_replay` for Keep Routing. A batch that carries
     kept sets (the engine recorded them: Keep Sampling Mask on) is scored over them, else over the full vocabulary.
     fp32_head (`model.fp32_lm_head`): the LM head's matmul in float32 instead of the model's dtype, as the engine
     then does too, so bf16 rounding of the logits no longer separates the two (the softmax is float32 anyway).
     support_head (`trainer.logprob_head`): with kept sets, the head over each chunk's kept ids only (same values).
-    compiled (`trainer.compile`): the dense head's softmax statistics and logit gradient fused by torch.compile."""
+    compiled (`trainer.compile`): the dense head's softmax statistics and logit gradient fused by torch.compile.
+    bitwise (`algorithm.on_policy=bitwise`, trainer/bitwise.py): the logprobs' values from vLLM's batch-invariant
+    kernels, the engine's bit for bit; with autograd on, their gradient from the ordinary forward below."""
+    exact = None
+    if bitwise:
+        from trainer.bitwise import bitwise_forward, value_from
+
+        exact = bitwise_forward(model).logprobs(batch, temperature, chunk_size)
+        if not torch.is_grad_enabled() and not with_entropy:  # the reference: values only
+            return ForwardOut(exact, None)
     body, head = split_head(model)
     if batch.position_ids is not None:  # packed: attention stays within each sample (see TrainBatch); transformers
         # detects the packing only without a KV cache (use_cache=False). The boundaries are for varlen kernels
@@ -169,4 +179,7 @@ def forward_logprobs(
         support_head=support_head,
         compiled=compiled,
     )
-    return ForwardOut(*token_logprobs(hidden, weight, batch.targets, lm_bias=bias, **kwargs))
+    out = ForwardOut(*token_logprobs(hidden, weight, batch.targets, lm_bias=bias, **kwargs))
+    if exact is not None:
+        out.logprobs = value_from(out.logprobs, exact)
+    return out

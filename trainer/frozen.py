@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from rl.batching import micro_batches
-from rl.config import (head_options, logprob_temperature, micro_batch_memory, pack_sequences, rollout_placement,
+from rl.bitwise import apply_matmul_settings
+from rl.config import (bitwise_on_policy, head_options, logprob_temperature, micro_batch_memory, pack_sequences, rollout_placement,
                        varlen_attention)
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
@@ -52,6 +53,8 @@ class FrozenModel:
         `after`: ready calls of the actors that must measure this GPU's free memory first (`wait_for`): the model
         loads into host memory meanwhile."""
         self.cfg = cfg
+        if bitwise_on_policy(cfg):  # before this process's first matmul (rl/bitwise.py)
+            apply_matmul_settings()
         if cfg["trainer"].get("threads") and not sharded:
             torch.set_num_threads(int(cfg["trainer"]["threads"]))
         self.device = pick_device(cfg["trainer"]["device"])

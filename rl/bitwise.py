@@ -1,0 +1,69 @@
+"""`algorithm.on_policy=bitwise`: what the engine's and the trainer's processes must agree on for their logprobs of the
+same tokens to be identical bit for bit (issue 39).
+
+The mode runs vLLM in its batch-invariant mode (`VLLM_BATCH_INVARIANT=1`: every kernel reduces each row in an order
+that does not depend on how many rows the batch has) and a trainer forward that calls the same kernels on the same
+inputs (trainer/bitwise.py). Both sides then also need:
+- cuBLAS without split-K: on Hopper vLLM's batch-invariant mode keeps cuBLAS for the linear layers and removes
+  split-K by giving cuBLASLt no workspace; the trainer's process must do the same before its first matmul, or its
+  GEMMs may split the reduction over K differently (`apply_matmul_settings`);
+- a model whose every layer has a batch-invariant kernel on both sides (`unsupported_reason`).
+
+This module imports neither vLLM nor the model code, so the config check at start (rl/config.py) can use it.
+"""
+
+from __future__ import annotations
+
+import os
+
+BITWISE = "bitwise"
+ON_POLICY_MODES = ("default", BITWISE)  # algorithm.on_policy
+
+# Families whose layers the trainer's bitwise forward reproduces: a pre-norm decoder of RMSNorm, rotary attention
+# (default rotary, no scaling), SwiGLU MLP, and a tied or untied LM head.
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+# What vLLM 0.26's `enable_batch_invariant_mode` sets on Hopper and Blackwell (model_executor/layers/batch_invariant.py)
+MATMUL_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUBLASLT_WORKSPACE_SIZE": "1"}
+
+
+def apply_matmul_settings() -> None:
+    """The trainer process's share of vLLM's batch-invariant mode: cuBLASLt with no workspace (no split-K), no
+    reduced-precision reductions, no TF32. Call before the process's first CUDA matmul: torch reads the workspace
+    size once."""
+    import torch
+
+    os.environ.update(MATMUL_ENV)
+    os.environ["VLLM_BATCH_INVARIANT"] = "1"
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    if torch.cuda.is_available():
+        torch.backends.cuda.preferred_blas_library(backend="cublaslt")
+
+
+def unsupported_reason(config) -> str | None:
+    """None when the trainer's bitwise forward reproduces every layer of this model's engine forward; otherwise the
+    layer (or setting) that cannot match, in words for the start-up error."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kind = getattr(config, "model_type", None)
+    if kind not in SUPPORTED_MODEL_TYPES:
+        return (f"model type {kind!r}: the bitwise forward reproduces {', '.join(SUPPORTED_MODEL_TYPES)} decoders "
+                "(RMSNorm, rotary attention, SwiGLU); this one has other layers")
+    from rl.routing import looks_moe
+
+    if looks_moe(config):
+        return "routed experts (MoE layers): vLLM's fused MoE kernels have no batch-invariant twin in the trainer"
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        return f"MLP activation {act!r}: only SiLU-and-multiply (vLLM's silu_and_mul kernel) is reproduced"
+    rope = getattr(config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in (None, "default"):
+        return f"rotary scaling {rope_type!r}: only the default rotary table is reproduced"
+    for knob in ("sliding_window", "final_logit_softcapping", "attn_logit_softcapping"):
+        if getattr(config, knob, None) and (knob != "sliding_window" or getattr(config, "use_sliding_window", True)):
+            return f"{knob}={getattr(config, knob)!r}: not reproduced by the bitwise attention"
+    if getattr(config, "mlp_bias", False):
+        return "biases in the MLP: not reproduced"
+    return None

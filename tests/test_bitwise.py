@@ -1,0 +1,79 @@
+"""algorithm.on_policy=bitwise (issue 39): the CPU-checkable parts. The kernels themselves need vLLM on a Hopper GPU
+(benchmarks/bitwise_probe.py)."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from transformers import LlamaConfig, Qwen2MoeConfig, Qwen3Config
+
+from rl.bitwise import unsupported_reason
+from rl.config import ConfigError, head_options, validate
+from trainer.bitwise import value_from
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def base_cfg():
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["+experiment=smol_math"])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_value_from_returns_exact_bits_and_the_ordinary_gradient():
+    x = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    ordinary = (x * 3).sin()
+    exact = ordinary.detach() + 1e-9 * torch.randn(7, dtype=torch.float64)  # other bits, as another kernel gives
+    out = value_from(ordinary, exact)
+    assert torch.equal(out.detach(), exact)  # not ordinary + (exact - ordinary): that rounds
+    (out * torch.arange(7.0, dtype=torch.float64)).sum().backward()
+    assert torch.allclose(x.grad, 3 * (x * 3).detach().cos() * torch.arange(7.0, dtype=torch.float64))
+
+
+def test_supported_models_and_named_refusals():
+    assert unsupported_reason(LlamaConfig(hidden_act="silu")) is None
+    assert unsupported_reason(Qwen3Config()) is None
+    assert "qwen2_moe" in unsupported_reason(Qwen2MoeConfig())
+    assert "activation 'gelu'" in unsupported_reason(LlamaConfig(hidden_act="gelu"))
+    assert "rotary scaling 'linear'" in unsupported_reason(
+        LlamaConfig(rope_scaling={"rope_type": "linear", "factor": 2.0}))
+
+
+@pytest.fixture
+def bitwise_cfg(base_cfg):
+    cfg = copy.deepcopy(base_cfg)
+    cfg["algorithm"]["on_policy"] = "bitwise"
+    cfg["rollout"]["engine"] = "vllm"
+    cfg["trainer"]["device"] = "cuda"
+    cfg["model"]["dtype"] = "bfloat16"
+    return cfg
+
+
+def test_bitwise_config_accepted_and_passed_to_the_head(bitwise_cfg):
+    validate(bitwise_cfg)
+    assert head_options(bitwise_cfg)["bitwise"] is True
+
+
+@pytest.mark.parametrize("section,key,value,named", [
+    ("rollout", "engine", "hf", "rollout.engine=vllm"),
+    ("rollout", "engine_core", "subprocess", "rollout.engine_core=in_process"),
+    ("rollout", "tensor_parallel_size", 2, "rollout.tensor_parallel_size=1"),
+    ("trainer", "zero_stage", 3, "trainer.zero_stage <= 2"),
+    ("model", "fp32_lm_head", True, "model.fp32_lm_head=false"),
+    ("model", "dtype", "float32", "model.dtype=bfloat16"),
+])
+def test_bitwise_refuses_what_cannot_match(bitwise_cfg, section, key, value, named):
+    bitwise_cfg[section][key] = value
+    with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(".", r"\.")):
+        validate(bitwise_cfg)
+
+
+def test_unknown_on_policy_mode_is_refused(base_cfg):
+    cfg = copy.deepcopy(base_cfg)
+    cfg["algorithm"]["on_policy"] = "exact"
+    with pytest.raises(ConfigError, match="on_policy"):
+        validate(cfg)

@@ -16,7 +16,9 @@ so that the trainer's forward (trainer/bitwise.py) can call the very kernels vLL
   the causal prefill's 128), so a decoded token's attention sums its keys in other blocks than the trainer's
   prefill over the whole sequence (SmolLM2-135M: every token past 128 keys differed, benchmarks/README.md). Decode
   steps here say their longest query has two tokens: FA3 then keeps the causal kernel, whose mask puts each
-  one-token query after all its keys, so the result is the same attention with the prefill's blocks.
+  one-token query after all its keys, so the result is the same attention with the prefill's blocks. NOT YET
+  EFFECTIVE: on SmolLM2 the bits did not change with this wrapper (benchmarks/README.md), so vLLM's decode reaches
+  the kernel another way; models with head size 128 (Qwen3) match without it.
 The patches are process-wide, which is why the mode needs the engine core in this process
 (`rollout.engine_core=in_process`).
 """

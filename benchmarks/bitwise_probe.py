@@ -84,7 +84,8 @@ def main() -> None:
     prompts = chat_prompts(engine.tokenizer, args.prompts)
     t0 = time.perf_counter()
     gens = [(p, g) for p, grp in zip(prompts, engine.generate(prompts, sp)) for g in grp]
-    print(f"generated {sum(len(g.response_ids) for _, g in gens)} tokens in {time.perf_counter() - t0:.1f}s", flush=True)
+    tokens = sum(len(g.response_ids) for _, g in gens)
+    print(f"generated {tokens} tokens in {time.perf_counter() - t0:.1f}s", flush=True)
 
     model = load_causal_lm(path, "bfloat16", "sdpa", "cuda").eval()
     bf = BitwiseForward(model)
@@ -95,7 +96,8 @@ def main() -> None:
     lens = torch.tensor([len(s) for s in seqs])
     cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(dev, torch.int32)
     # the position before each response token predicts it
-    index = torch.cat([int(cu[i]) + torch.arange(len(p) - 1, len(s) - 1) for i, ((p, _), s) in enumerate(zip(gens, seqs))])
+    index = torch.cat([int(cu[i]) + torch.arange(len(p) - 1, len(s) - 1)
+                       for i, ((p, _), s) in enumerate(zip(gens, seqs))])
     targets = torch.tensor([t for _, g in gens for t in g.response_ids], device=dev)
     captured = np.concatenate([np.asarray(g.inference_logprobs, dtype=np.float32) for _, g in gens])
     kept = [g for _, g in gens if g.kept_offsets is not None]

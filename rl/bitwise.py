@@ -27,6 +27,13 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 MATMUL_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUBLASLT_WORKSPACE_SIZE": "1"}
 
 
+# vLLM's FA3 runs a call of at most 64 query rows (its longest query times the query heads per KV head) on one MMA
+# warpgroup, whose tile at head size 64 sums keys in blocks of 192 instead of the ordinary causal tile's 128. Both
+# sides say their longest query has at least this many tokens, so both always take the ordinary tile
+# (rollout/bitwise_engine.py); each query is still masked by its own length.
+FA3_MIN_QUERY_ROWS = 65
+
+
 def apply_matmul_settings() -> None:
     """The trainer process's share of vLLM's batch-invariant mode: cuBLASLt with no workspace (no split-K), no
     reduced-precision reductions, no TF32. Call before the process's first CUDA matmul: torch reads the workspace

@@ -11,14 +11,14 @@ so that the trainer's forward (trainer/bitwise.py) can call the very kernels vLL
   block whose size depends on the number of tokens in the batch (vLLM issue 48271), so a row's result changes with
   the batch; here it becomes the residual add followed by vLLM's own batch-invariant Triton RMSNorm, the same
   function of the same inputs (the kernel rounds the sum to the model's dtype before normalising, as the add does).
-- One more: FlashAttention-3 turns a causal call whose longest query is one token (a pure decode step) into a
-  non-causal one, and for head sizes other than 128 that picks wider key blocks (192 keys at head size 64 against
-  the causal prefill's 128), so a decoded token's attention sums its keys in other blocks than the trainer's
-  prefill over the whole sequence (SmolLM2-135M: every token past 128 keys differed, benchmarks/README.md). Decode
-  steps here say their longest query has two tokens: FA3 then keeps the causal kernel, whose mask puts each
-  one-token query after all its keys, so the result is the same attention with the prefill's blocks. NOT YET
-  EFFECTIVE: on SmolLM2 the bits did not change with this wrapper (benchmarks/README.md), so vLLM's decode reaches
-  the kernel another way; models with head size 128 (Qwen3) match without it.
+- One more: FlashAttention-3 (vLLM's fork) runs a call whose longest query, times the query heads per key head,
+  is at most 64 rows on one MMA warpgroup with its own tile, and at head size 64 that tile sums keys in blocks of
+  192 where the trainer's prefill over whole sequences (and vLLM's own prefill) uses blocks of 128. Every decode
+  step is such a call, so a decoded token's attention over more than 128 keys added them in another order
+  (SmolLM2-135M: 2.9% of those tokens equal, benchmarks/README.md). Here every causal call says its longest
+  query has at least 65 tokens (`rl.bitwise.FA3_MIN_QUERY_ROWS`): FA3 then takes its ordinary causal tile
+  (128-key blocks, as the prefill) and masks each query by its own length, so the attention is the same function
+  with the prefill's blocks. (At head size 128 both tiles use 128-key blocks, which is why Qwen3 matched without this.)
 The patches are process-wide, which is why the mode needs the engine core in this process
 (`rollout.engine_core=in_process`).
 """
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 
-from rl.bitwise import MATMUL_ENV
+from rl.bitwise import FA3_MIN_QUERY_ROWS, MATMUL_ENV
 
 _patched: list = []
 
@@ -53,7 +53,7 @@ def patch_rms_norm() -> None:
 
 
 def patch_decode_attention() -> None:
-    """Decode steps through FA3's causal kernel (see the module docstring)."""
+    """Decode steps through FA3's ordinary causal tile (see the module docstring)."""
     if "attention" in _patched:
         return
     from vllm.v1.attention.backends import flash_attn as backend
@@ -61,8 +61,8 @@ def patch_decode_attention() -> None:
     original = backend.flash_attn_varlen_func
 
     def flash_attn_varlen_func(*args, **kwargs):
-        if kwargs.get("causal") and kwargs.get("max_seqlen_q") == 1:
-            kwargs["max_seqlen_q"] = 2
+        if kwargs.get("causal") is True and kwargs.get("max_seqlen_q", FA3_MIN_QUERY_ROWS) < FA3_MIN_QUERY_ROWS:
+            kwargs["max_seqlen_q"] = FA3_MIN_QUERY_ROWS
         return original(*args, **kwargs)
 
     backend.flash_attn_varlen_func = flash_attn_varlen_func

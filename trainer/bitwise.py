@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from rl.bitwise import unsupported_reason
+from rl.bitwise import FA3_MIN_QUERY_ROWS, unsupported_reason
 from rl.kept_set import reduce_rows
 
 
@@ -59,7 +59,8 @@ def _rope_table(config, head_dim: int, device, dtype) -> torch.Tensor:
     the GPU in float32, then cast to the model's dtype."""
     params = getattr(config, "rope_parameters", None) or {}
     base = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-    rotary_dim = int(head_dim * float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))))
+    partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    rotary_dim = int(head_dim * float(partial))
     inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float, device=device) / rotary_dim))
     t = torch.arange(int(config.max_position_embeddings), dtype=torch.float, device=device)
     freqs = torch.einsum("i,j -> ij", t, inv_freq)
@@ -119,7 +120,8 @@ class BitwiseForward:
             ops.rotary_embedding(positions, q, k, self.head_dim, rope, True)  # in place, neox style
             o = flash_attn_varlen_func(
                 q.reshape(-1, self.heads, self.head_dim), k.reshape(-1, self.kv_heads, self.head_dim),
-                v.reshape(-1, self.kv_heads, self.head_dim), max_seqlen_q=max_seqlen, cu_seqlens_q=cu_seqlens,
+                v.reshape(-1, self.kv_heads, self.head_dim), max_seqlen_q=max(max_seqlen, FA3_MIN_QUERY_ROWS),
+                cu_seqlens_q=cu_seqlens,
                 max_seqlen_k=max_seqlen, cu_seqlens_k=cu_seqlens, softmax_scale=self.scale, causal=True,
                 num_splits=1, fa_version=3)
             h = linear(o.reshape(-1, q_size), att.o_proj.weight, att.o_proj.bias)

@@ -64,9 +64,6 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from rl.bitwise import apply_matmul_settings
-
-    apply_matmul_settings()
     from launch.testbed import QWEN3_06B, build_model, chat_prompts
     from rl.models import SMOLLM2, load_causal_lm, resolve_model_path
     from rollout.sampling import SamplingParams

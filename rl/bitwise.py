@@ -4,17 +4,13 @@ same tokens to be identical bit for bit (issue 39).
 The mode runs vLLM in its batch-invariant mode (`VLLM_BATCH_INVARIANT=1`: every kernel reduces each row in an order
 that does not depend on how many rows the batch has) and a trainer forward that calls the same kernels on the same
 inputs (trainer/bitwise.py). Both sides then also need:
-- cuBLAS without split-K: on Hopper vLLM's batch-invariant mode keeps cuBLAS for the linear layers and removes
-  split-K by giving cuBLASLt no workspace; the trainer's process must do the same before its first matmul, or its
-  GEMMs may split the reduction over K differently (`apply_matmul_settings`);
+- the same FlashAttention tile for every call (`FA3_MIN_QUERY_ROWS`), on a Hopper GPU (`HOPPER`: FA3);
 - a model whose every layer has a batch-invariant kernel on both sides (`unsupported_reason`).
 
 This module imports neither vLLM nor the model code, so the config check at start (rl/config.py) can use it.
 """
 
 from __future__ import annotations
-
-import os
 
 BITWISE = "bitwise"
 ON_POLICY_MODES = ("default", BITWISE)  # algorithm.on_policy
@@ -23,9 +19,7 @@ ON_POLICY_MODES = ("default", BITWISE)  # algorithm.on_policy
 # (default rotary, no scaling), SwiGLU MLP, and a tied or untied LM head.
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
-# What vLLM 0.26's `enable_batch_invariant_mode` sets on Hopper and Blackwell (model_executor/layers/batch_invariant.py)
-MATMUL_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUBLASLT_WORKSPACE_SIZE": "1"}
-
+HOPPER = 9  # CUDA compute capability major: FA3 and the kernel choices checked here (an A100 runs FA2)
 
 # vLLM's FA3 runs a call of at most 64 query rows (its longest query times the query heads per KV head) on one MMA
 # warpgroup, whose tile at head size 64 sums keys in blocks of 192 instead of the ordinary causal tile's 128. Both
@@ -34,19 +28,17 @@ MATMUL_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUBLASLT_WORKSPACE_SIZE": "1"
 FA3_MIN_QUERY_ROWS = 65
 
 
-def apply_matmul_settings() -> None:
-    """The trainer process's share of vLLM's batch-invariant mode: cuBLASLt with no workspace (no split-K), no
-    reduced-precision reductions, no TF32. Call before the process's first CUDA matmul: torch reads the workspace
-    size once."""
+def gpu_unsupported_reason() -> str | None:
+    """None on a Hopper GPU; else why not (the trainer's and the engine's check at start)."""
     import torch
 
-    os.environ.update(MATMUL_ENV)
-    os.environ["VLLM_BATCH_INVARIANT"] = "1"
-    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    if torch.cuda.is_available():
-        torch.backends.cuda.preferred_blas_library(backend="cublaslt")
+    if not torch.cuda.is_available():
+        return "it needs a CUDA GPU"
+    major, minor = torch.cuda.get_device_capability()
+    if major != HOPPER:
+        return (f"it was built and checked on Hopper (sm90: FlashAttention-3); this GPU is sm{major}{minor}, where "
+                "vLLM runs other attention and matmul kernels")
+    return None
 
 
 def unsupported_reason(config) -> str | None:

@@ -398,12 +398,19 @@ def bitwise_on_policy(cfg: Mapping) -> bool:
     return (cfg.get("algorithm") or {}).get("on_policy", "default") == BITWISE
 
 
+# engine arguments that would change the kernels the trainer replays (the mode sets the first two itself)
+BITWISE_ENGINE_ARGS = {"enforce_eager", "attention_backend", "attention_config", "compilation_config", "quantization",
+                       "kv_cache_dtype"}
+
+
 def validate_bitwise(cfg: Mapping) -> None:
     """What `algorithm.on_policy=bitwise` needs, refused at start by name (the model's layers are checked when the
     trainer loads it: rl.bitwise.unsupported_reason)."""
-    r, t, m = cfg["rollout"], cfg["trainer"], cfg["model"]
+    r, t, m, a = cfg["rollout"], cfg["trainer"], cfg["model"], cfg["algorithm"]
+    truncates = float(r.get("top_p", 1.0)) < 1.0 or int(r.get("top_k", 0) or 0) > 0
+    engine_args = set(r.get("engine_args") or {})
     needs = {
-        "rollout.engine=vllm (the batch-invariant kernels are vLLM's)": r.get("engine") == "vllm",
+        "rollout.engine=vllm (the batch-invariant kernels are vLLM's)": r.get("engine") in ("vllm", AUTO),
         "rollout.engine_core=in_process (vLLM is patched in the rollout worker's process)":
             r.get("engine_core", "in_process") == "in_process",
         "rollout.tensor_parallel_size=1": int(r.get("tensor_parallel_size", 1)) == 1,
@@ -414,6 +421,10 @@ def validate_bitwise(cfg: Mapping) -> None:
         "trainer.ref_placement=actor": t.get("ref_placement", "actor") == "actor",
         "model.fp32_lm_head=false (vLLM's batch-invariant head is bf16)": not m.get("fp32_lm_head", False),
         "model.dtype=bfloat16 (the dtype the mode was checked in)": m.get("dtype") == "bfloat16",
+        "algorithm.keep_sampling_mask on when rollout.top_p < 1 or top_k > 0 (the engine's value is over the kept set)":
+            not truncates or a.get("keep_sampling_mask", AUTO) in (AUTO, True),
+        f"no rollout.engine_args {sorted(engine_args & BITWISE_ENGINE_ARGS)} (the mode sets or excludes them)":
+            not engine_args & BITWISE_ENGINE_ARGS,
     }
     missing = [k for k, ok in needs.items() if not ok]
     if missing:

@@ -2,7 +2,7 @@
 so that the trainer's forward (trainer/bitwise.py) can call the very kernels vLLM ran, row for row.
 
 - `VLLM_BATCH_INVARIANT=1` before the engine starts: vLLM then reduces every row in a fixed order (its Triton
-  RMSNorm and LM head, cuBLAS without split-K, FlashAttention with one KV split).
+  persistent matmul for every linear layer and the LM head, its Triton RMSNorm, FlashAttention with one KV split).
 - Eager (no torch.compile, no CUDA graphs): with custom ops on, each layer runs the kernel its class names, not an
   Inductor fusion the trainer cannot call.
 - FlashAttention (FA3 on Hopper) as the attention backend: the trainer calls the same kernel over contiguous
@@ -19,22 +19,28 @@ so that the trainer's forward (trainer/bitwise.py) can call the very kernels vLL
   query has at least 65 tokens (`rl.bitwise.FA3_MIN_QUERY_ROWS`): FA3 then takes its ordinary causal tile
   (128-key blocks, as the prefill) and masks each query by its own length, so the attention is the same function
   with the prefill's blocks. (At head size 128 both tiles use 128-key blocks, which is why Qwen3 matched without this.)
-The patches are process-wide, which is why the mode needs the engine core in this process
-(`rollout.engine_core=in_process`).
+The patches are process-wide and stay for the process's life (a rollout worker holds one engine), which is why the
+mode needs the engine core in this process (`rollout.engine_core=in_process`). The judge is another actor's process
+and never gets them.
 """
 
 from __future__ import annotations
 
 import os
 
-from rl.bitwise import FA3_MIN_QUERY_ROWS, MATMUL_ENV
+from rl.bitwise import FA3_MIN_QUERY_ROWS, gpu_unsupported_reason
 
 _patched: list = []
+
+
+_original: dict = {}
 
 
 def _rms_norm_forward_cuda(self, x, residual=None):
     from vllm.model_executor.layers.batch_invariant import rms_norm_batch_invariant
 
+    if self.variance_size_override is not None:  # a partial-width variance: not a layer of the supported families
+        return _original["rms_norm"](self, x, residual)
     weight = self.weight.data if (self.pass_weight_add if residual is not None else self.pass_weight) else None
     if residual is None:
         return rms_norm_batch_invariant(x, weight, self.variance_epsilon)
@@ -48,6 +54,7 @@ def patch_rms_norm() -> None:
         return
     from vllm.model_executor.layers.layernorm import RMSNorm
 
+    _original["rms_norm"] = RMSNorm.forward_cuda
     RMSNorm.forward_cuda = _rms_norm_forward_cuda
     _patched.append("rms_norm")
 
@@ -77,8 +84,10 @@ def bitwise_engine_args(kwargs: dict, *, engine_core_in_process: bool, tensor_pa
     if int(tensor_parallel_size) != 1:
         raise ValueError("algorithm.on_policy=bitwise runs one engine per GPU (rollout.tensor_parallel_size=1): a "
                          "tensor-parallel all-reduce sums the ranks' partial results in another order than one GPU")
+    reason = gpu_unsupported_reason()
+    if reason:
+        raise RuntimeError(f"algorithm.on_policy=bitwise: {reason}")
     os.environ["VLLM_BATCH_INVARIANT"] = "1"
-    os.environ.update(MATMUL_ENV)
     patch_rms_norm()
     patch_decode_attention()
     return {**kwargs, "enforce_eager": True, "attention_backend": "FLASH_ATTN"}

@@ -127,6 +127,8 @@ def make_engine(rcfg: dict, model_cfg: dict, model_path: str, record_routes: boo
     to start; an engine whose spec `plans_start` takes it and waits itself, any other is built after `start.wait()`.
     `bitwise`: `algorithm.on_policy=bitwise` (vLLM only, rl/config.py)."""
     spec = engine_spec(resolve_engine(rcfg))
+    if bitwise and spec.weight_sync != "vllm":
+        raise ValueError(f"algorithm.on_policy=bitwise needs the vLLM engine; rollout.engine resolved to {spec.name}")
     extra = {"bitwise": True} if bitwise else {}
     if start is not None:
         if spec.plans_start:

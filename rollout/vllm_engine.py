@@ -266,6 +266,12 @@ class VLLMEngine:
             from rollout.vllm_capture import install_rpc
 
             reasons = sorted({r for r in self.llm.collective_rpc(install_rpc) if r})
+            if bitwise and not reasons:  # the trainer replays the V2 runner's sampler (processed logits)
+                if not all(self.llm.collective_rpc(_v2_runner_rpc)):
+                    reasons = ["vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0?) returns other logprobs"]
+            if reasons and bitwise:
+                raise RuntimeError("algorithm.on_policy=bitwise needs rollout.capture=sampler on vLLM's V2 model "
+                                   f"runner: {'; '.join(reasons)}")
             if reasons:
                 log.warning("rollout.capture=sampler unavailable (%s): using vLLM's logprobs output", "; ".join(reasons))
                 self.capture = "logprobs"
@@ -523,6 +529,12 @@ def _load_weights_rpc(worker, items):  # runs inside each vLLM worker process
     model = runner.get_model() if hasattr(runner, "get_model") else runner.model
     model.load_weights(weights=iter(items))
     return None
+
+
+def _v2_runner_rpc(worker) -> bool:  # runs inside each vLLM worker
+    from rollout.vllm_capture import is_v2_runner
+
+    return bool(is_v2_runner(getattr(worker, "model_runner", None)))
 
 
 def _fp32_head_rpc(worker) -> str | None:  # runs inside each vLLM worker process

@@ -2,6 +2,7 @@
 (benchmarks/bitwise_probe.py)."""
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -65,11 +66,31 @@ def test_bitwise_config_accepted_and_passed_to_the_head(bitwise_cfg):
     ("trainer", "zero_stage", 3, "trainer.zero_stage <= 2"),
     ("model", "fp32_lm_head", True, "model.fp32_lm_head=false"),
     ("model", "dtype", "float32", "model.dtype=bfloat16"),
+    ("rollout", "engine_args", {"kv_cache_dtype": "fp8"}, "no rollout.engine_args ['kv_cache_dtype']"),
 ])
 def test_bitwise_refuses_what_cannot_match(bitwise_cfg, section, key, value, named):
     bitwise_cfg[section][key] = value
-    with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(named)):
         validate(bitwise_cfg)
+
+
+def test_bitwise_needs_the_kept_set_mask_when_sampling_truncates(bitwise_cfg):
+    bitwise_cfg["rollout"]["top_p"] = 0.95
+    validate(bitwise_cfg)  # keep_sampling_mask: auto turns it on
+    bitwise_cfg["algorithm"]["keep_sampling_mask"] = False
+    with pytest.raises(ConfigError, match="keep_sampling_mask"):
+        validate(bitwise_cfg)
+
+
+def test_only_the_reference_takes_the_bitwise_path(base_cfg, tiny_dense_path):
+    """A teacher may be any family and its grade gains nothing from the engine's bits (trainer/frozen.py)."""
+    from trainer.frozen import FrozenModel
+
+    cfg = copy.deepcopy(base_cfg)
+    cfg["algorithm"]["on_policy"] = "bitwise"
+    cfg["trainer"]["device"] = "cpu"  # building it only: the bitwise forward itself needs vLLM on a Hopper GPU
+    assert FrozenModel(cfg, tiny_dense_path, role="reference").head["bitwise"] is True
+    assert FrozenModel(cfg, tiny_dense_path, role="teacher").head["bitwise"] is False
 
 
 def test_unknown_on_policy_mode_is_refused(base_cfg):

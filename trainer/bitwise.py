@@ -5,16 +5,17 @@ trainer's own weights. When the weights are the engine's, every value equals the
 vLLM's decoder layer, as the trainer reproduces it (Llama / Qwen2 / Qwen3 families, one GPU):
 
     residual = h + residual;  x = rms_norm_bi(residual, w_in)            (first layer: x = rms_norm_bi(h))
-    q, k, v  = split(x @ [Wq; Wk; Wv]^T (+ b))                            one cuBLAS GEMM, no split-K
+    q, k, v  = split(linear_bi(x, [Wq; Wk; Wv]) (+ b))                    vLLM's Triton persistent matmul
     q, k     = rms_norm_bi per head (Qwen3);  rotary_embedding(q, k)      vLLM's CUDA kernel, its cos/sin table
-    o        = flash_attn_varlen(q, k, v, causal, num_splits=1) @ Wo^T    FA3, one KV split
+    o        = linear_bi(flash_attn_varlen(q, k, v, causal, num_splits=1), Wo)    FA3, one KV split
     residual = o + residual;  x = rms_norm_bi(residual, w_post)
-    h        = silu_and_mul(x @ [Wg; Wu]^T) @ Wd^T                         vLLM's CUDA kernel
-    logits   = linear_bi(rms_norm_bi(h + residual, w_norm), W_head)       vLLM's Triton persistent matmul (bf16)
+    h        = linear_bi(silu_and_mul(linear_bi(x, [Wg; Wu])), Wd)        vLLM's CUDA kernel
+    logits   = linear_bi(rms_norm_bi(h + residual, w_norm), W_head)       bf16 logits
     z        = temperature(logits) (vLLM's kernel), -inf outside the kept set (Keep Sampling Mask)
     log pi(o_t) = z[o_t] - logsumexp(z)                                   rl/kept_set.py's row kernel, as captured
 
-Every kernel reduces a row in an order that does not depend on the other rows, so a full-sequence forward over
+linear_bi is the function vLLM's linear layers call in the mode (the matmul rounded to bf16, then the bias added
+as a second op). Every kernel reduces a row in an order that does not depend on the other rows, so a full-sequence forward over
 the trainer's micro-batch gives each position what vLLM's prefill and decode steps gave it. The forward is
 inference only (no autograd through vLLM's kernels): `forward_logprobs` takes the values from here and the
 gradient from the ordinary forward of the same weights (`value_from`), so the loss sees the engine's numbers and
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from rl.bitwise import FA3_MIN_QUERY_ROWS, unsupported_reason
+from rl.bitwise import FA3_MIN_QUERY_ROWS, gpu_unsupported_reason, unsupported_reason
 from rl.kept_set import reduce_rows
 
 
@@ -72,7 +73,7 @@ class BitwiseForward:
 
     def __init__(self, model):
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        reason = unsupported_reason(config)
+        reason = unsupported_reason(config) or gpu_unsupported_reason()
         if reason:
             raise ValueError(f"algorithm.on_policy=bitwise: {reason}")
         self.model, self.config = model, config
@@ -95,7 +96,8 @@ class BitwiseForward:
         from vllm.model_executor.layers.batch_invariant import rms_norm_batch_invariant as rms_norm
         from vllm.vllm_flash_attn import flash_attn_varlen_func
 
-        linear = torch.nn.functional.linear  # cuBLAS without split-K, as vLLM's linear layers on Hopper
+        from vllm.model_executor.layers.batch_invariant import linear_batch_invariant as linear
+
         body = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
         h = torch.nn.functional.embedding(input_ids, body.embed_tokens.weight)
         rope = self.rope(h.device, h.dtype)

@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from rl.batching import micro_batches
-from rl.bitwise import apply_matmul_settings
-from rl.config import (bitwise_on_policy, head_options, logprob_temperature, micro_batch_memory, pack_sequences, rollout_placement,
+from rl.config import (head_options, logprob_temperature, micro_batch_memory, pack_sequences, rollout_placement,
                        varlen_attention)
 from rl.models import load_causal_lm, load_tokenizer
 from rl.trajectory import Trajectory, collate
@@ -53,8 +52,6 @@ class FrozenModel:
         `after`: ready calls of the actors that must measure this GPU's free memory first (`wait_for`): the model
         loads into host memory meanwhile."""
         self.cfg = cfg
-        if bitwise_on_policy(cfg):  # before this process's first matmul (rl/bitwise.py)
-            apply_matmul_settings()
         if cfg["trainer"].get("threads") and not sharded:
             torch.set_num_threads(int(cfg["trainer"]["threads"]))
         self.device = pick_device(cfg["trainer"]["device"])
@@ -86,6 +83,9 @@ class FrozenModel:
         # gradient's expectation unchanged (E[grad log pi] = 0) and takes that constant out of its variance
         self.packed = pack_sequences(cfg)
         self.head = head_options(cfg)
+        # algorithm.on_policy=bitwise: the reference is the policy's family, scored like the policy; a teacher may be
+        # any family, and its grade gains nothing from the engine's bits
+        self.head["bitwise"] = self.head["bitwise"] and role == "reference"
         # vLLM wakes up after us; sharded, the policy trains next in this same process and reuses the cache
         self.colocated = rollout_placement(cfg["rollout"]) == "colocated" and not sharded
         # Packed rows without varlen attention get a block-diagonal mask over their whole length (memory grows with its

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from rl.batching import micro_batches, micro_batches_per_minibatch, per_rank_samples
-from rl.bitwise import apply_matmul_settings, unsupported_reason
+from rl.bitwise import gpu_unsupported_reason, unsupported_reason
 from rl.config import (
     bitwise_on_policy, engine_memory_share, engines_per_gpu, frozen_models_sharded, head_options, logprob_temperature, micro_batch_memory,
     needs_reference, pack_sequences, rollout_placement, teacher_paths,
@@ -118,8 +118,6 @@ class PolicyTrainer:
         """`after`: ready calls of the actors that must measure this GPU's free memory first (`wait_for`): the model
         loads into host memory meanwhile."""
         tcfg, acfg = cfg["trainer"], cfg["algorithm"]
-        if bitwise_on_policy(cfg):  # before this process's first matmul (rl/bitwise.py)
-            apply_matmul_settings()
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = pick_device(tcfg["device"])
         if tcfg.get("threads"):
@@ -132,8 +130,10 @@ class PolicyTrainer:
 
         self.tokenizer = load_tokenizer(model_path)
         model = load_causal_lm(model_path, cfg["model"]["dtype"], cfg["model"].get("attn_implementation"))
-        if bitwise_on_policy(cfg) and unsupported_reason(model.config):  # said at start, by name
-            raise ValueError(f"algorithm.on_policy=bitwise cannot match this model: {unsupported_reason(model.config)}")
+        if bitwise_on_policy(cfg):  # said at start, by name
+            reason = unsupported_reason(model.config) or gpu_unsupported_reason()
+            if reason:
+                raise ValueError(f"algorithm.on_policy=bitwise cannot match the engine here: {reason}")
         wait_for(after)
         init_process_group(rank, world_size, master_addr, master_port, self.device)  # a store at the address
         # the engine samples from the model's own logits; the trainer's come from the head's weight (forward.py)

@@ -8,8 +8,12 @@ which is pass@1. A run is watched from outside: the first evaluation at or above
 run is stopped. A run that never gets there within `--max-steps` or `--timeout` is reported as not reached, with its
 best evaluation.
 verl is not wired in here yet (its s/step: benchmarks/verl_peer.py).
+`ours_bitwise` is ours with `algorithm.on_policy=bitwise` (issue 39): with a target no run reaches (e.g. 1.1) every run
+goes to `--max-steps`, and the table gives the learning curves side by side with each run's median s/step and its
+largest `mismatch/logprob_abs` (0.0 on every step is the mode's claim).
 
     python benchmarks/time_to_reward.py --out /tmp/ttr --target 0.3 --every 5 --max-steps 60 [--runs ours ours_ds trl]
+    python benchmarks/time_to_reward.py --out /tmp/bw --target 1.1 --every 5 --max-steps 20 --runs ours ours_bitwise
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ("ours", "ours_ds", "trl")
+RUNS = ("ours", "ours_ds", "ours_bitwise", "trl")
 LABELS = {"ours": "ours (smol_math)", "ours_ds": "ours + dynamic sampling (data.dynamic_sampling.enabled)",
+          "ours_bitwise": "ours, bitwise on-policy (algorithm.on_policy=bitwise)",
           "trl": "TRL 1.16 GRPOTrainer (learn_real.py's settings)"}
+RUN_OVERRIDES = {"ours_ds": ["data.dynamic_sampling.enabled=true"], "ours_bitwise": ["algorithm.on_policy=bitwise"]}
 
 
 def command(run: str, run_dir: Path, every: int, max_steps: int, extra: list[str],
@@ -39,10 +45,9 @@ def command(run: str, run_dir: Path, every: int, max_steps: int, extra: list[str
         return [sys.executable, str(ROOT / "benchmarks" / "learn_real.py"), "--trl-child", "--out",
                 str(run_dir.parent), "--run", run_dir.name, "--steps", str(max_steps), "--eval-every", str(every),
                 *extra]
-    dynamic = ["data.dynamic_sampling.enabled=true"] if run == "ours_ds" else []
     return [sys.executable, "-m", "launch.train", f"+experiment={experiment}", f"run_dir={run_dir}",
             f"trainer.total_steps={max_steps}", f"eval.every={every}", "logger.mode=disabled",
-            "logger.progress_bar=false", *dynamic, *extra]
+            "logger.progress_bar=false", *RUN_OVERRIDES.get(run, []), *extra]
 
 
 def evaluations(run: str, run_dir: Path) -> list[tuple[int, float]]:
@@ -58,6 +63,27 @@ def evaluations(run: str, run_dir: Path) -> list[tuple[int, float]]:
         if isinstance(row.get(key), (int, float)):
             out.append((int(row["step"]), float(row[key])))
     return out
+
+
+def train_stats(run: str, run_dir: Path) -> dict:
+    """Ours: the median s/step over the steps after the first, and the largest and smallest train-inference
+    logprob mismatch of any step (None for TRL, whose steps.jsonl has neither)."""
+    path = run_dir / "metrics.jsonl"
+    if run == "trl" or not path.exists():
+        return {"s_per_step": None, "mismatch_max": None, "mismatch_min": None, "steps": 0}
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row.get("time/step"), (int, float)):
+            rows.append(row)
+    times = sorted(r["time/step"] for r in rows[1:]) or [r["time/step"] for r in rows]
+    mismatch = [r["mismatch/logprob_abs"] for r in rows if isinstance(r.get("mismatch/logprob_abs"), (int, float))]
+    return {"s_per_step": round(times[len(times) // 2], 3) if times else None,
+            "mismatch_max": max(mismatch) if mismatch else None, "mismatch_min": min(mismatch) if mismatch else None,
+            "steps": len(rows)}
 
 
 def first_reaching(evals: list[tuple[int, float, float]], target: float) -> tuple[int, float, float] | None:
@@ -112,7 +138,8 @@ def time_to_reward(run: str, out: Path, target: float, every: int, max_steps: in
     best = max(seen, key=lambda e: e[1]) if seen else None
     return {"run": run, "target": target, "reached": hit is not None, "seconds": hit[2] if hit else None,
             "step": hit[0] if hit else None, "best_pass@1": best[1] if best else None,
-            "evaluations": [list(e) for e in seen], "exit_code": proc.returncode, "command": " ".join(cmd[1:])}
+            "evaluations": [list(e) for e in seen], "exit_code": proc.returncode, "command": " ".join(cmd[1:]),
+            **train_stats(run, run_dir)}
 
 
 def main() -> None:
@@ -135,13 +162,17 @@ def main() -> None:
         results.append(time_to_reward(run, args.out, args.target, args.every, args.max_steps, args.timeout, extra,
                                       experiment=args.experiment))
         (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    print(f"\n| run | held-out pass@1 >= {args.target} after | at step | best pass@1 |")
-    print("|---|---|---|---|")
+    print(f"\n| run | held-out pass@1 >= {args.target} after | at step | best pass@1 | pass@1 by step | "
+          "median s/step | mismatch/logprob_abs min-max |")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
         when = f"{r['seconds']:.0f} s" if r["reached"] else "not reached"
         best = f"{r['best_pass@1']:.3f}" if r["best_pass@1"] is not None else "-"
         label = LABELS[r["run"]].replace("smol_math", args.experiment)
-        print(f"| {label} | {when} | {r['step'] or '-'} | {best} |")
+        curve = " ".join(f"{step}:{value:.3f}" for step, value, _ in r["evaluations"]) or "-"
+        pace = f"{r['s_per_step']:.2f}" if r.get("s_per_step") is not None else "-"
+        gap = f"{r['mismatch_min']:.4g}-{r['mismatch_max']:.4g}" if r.get("mismatch_max") is not None else "-"
+        print(f"| {label} | {when} | {r['step'] or '-'} | {best} | {curve} | {pace} | {gap} |")
 
 
 if __name__ == "__main__":

@@ -67,3 +67,18 @@ def test_the_trl_run_is_timed_to_its_own_held_out_evaluation(tmp_path, tiny_dens
 def _log_tail(out: Path, run: str) -> str:
     log = out / f"{run}.log"
     return log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+
+
+def test_train_stats_give_the_pace_and_the_mismatch_range(tmp_path):
+    run = tmp_path / "ours_bitwise"
+    run.mkdir()
+    rows = [{"step": 1, "time/step": 40.0, "mismatch/logprob_abs": 0.0},  # the first step (start-up) is left out
+            {"step": 2, "time/step": 2.0, "mismatch/logprob_abs": 0.0},
+            {"step": 3, "time/step": 3.0, "mismatch/logprob_abs": 0.0},
+            {"step": 3, "eval/math/pass@1": 0.2},  # an evaluation row: no time/step
+            {"step": 4, "time/step": 2.5, "mismatch/logprob_abs": 0.01}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "time')
+    stats = time_to_reward.train_stats("ours_bitwise", run)
+    assert stats == {"s_per_step": 2.5, "mismatch_max": 0.01, "mismatch_min": 0.0, "steps": 4}
+    assert time_to_reward.train_stats("trl", run)["s_per_step"] is None
+    assert "algorithm.on_policy=bitwise" in time_to_reward.command("ours_bitwise", run, 5, 20, [])

@@ -55,6 +55,11 @@ class _ValueFrom(torch.autograd.Function):
         return grad, None
 
 
+def silu_and_mul(out: torch.Tensor, gate_up: torch.Tensor) -> None:
+    """vLLM's SiluAndMul kernel (silu(gate) * up in float32, one rounding), registered by `vllm._custom_ops`."""
+    torch.ops._C.silu_and_mul(out, gate_up)
+
+
 def _rope_table(config, head_dim: int, device, dtype) -> torch.Tensor:
     """vLLM's cos/sin table (RotaryEmbedding._compute_cos_sin_cache), computed as vLLM computes it at model build: on
     the GPU in float32, then cast to the model's dtype."""
@@ -132,7 +137,7 @@ class BitwiseForward:
             mlp = layer.mlp
             gate_up = linear(x, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
             act = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype, device=gate_up.device)
-            torch.ops._C.silu_and_mul(act, gate_up)
+            silu_and_mul(act, gate_up)
             h = linear(act, mlp.down_proj.weight)
         return rms_norm(h + residual, body.norm.weight, self.eps)
 

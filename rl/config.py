@@ -416,7 +416,7 @@ def validate_bitwise(cfg: Mapping) -> None:
         "rollout.tensor_parallel_size=1": int(r.get("tensor_parallel_size", 1)) == 1,
         "rollout.capture=sampler (the trainer replays the capture's logprob kernel)":
             r.get("capture", "sampler") == "sampler",
-        "trainer.device=cuda": str(t.get("device", "cuda")).startswith("cuda"),
+        "trainer.device=cuda or auto": str(t.get("device", "auto")) != "cpu",
         "trainer.zero_stage <= 2 (the bitwise forward reads whole weights)": int(t.get("zero_stage", 2)) <= 2,
         "trainer.ref_placement=actor": t.get("ref_placement", "actor") == "actor",
         "model.fp32_lm_head=false (vLLM's batch-invariant head is bf16)": not m.get("fp32_lm_head", False),

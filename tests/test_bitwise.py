@@ -49,7 +49,7 @@ def bitwise_cfg(base_cfg):
     cfg = copy.deepcopy(base_cfg)
     cfg["algorithm"]["on_policy"] = "bitwise"
     cfg["rollout"]["engine"] = "vllm"
-    cfg["trainer"]["device"] = "cuda"
+    cfg["trainer"]["device"] = "auto"  # resolved on the machine; cpu is refused
     cfg["model"]["dtype"] = "bfloat16"
     return cfg
 
@@ -66,6 +66,7 @@ def test_bitwise_config_accepted_and_passed_to_the_head(bitwise_cfg):
     ("trainer", "zero_stage", 3, "trainer.zero_stage <= 2"),
     ("model", "fp32_lm_head", True, "model.fp32_lm_head=false"),
     ("model", "dtype", "float32", "model.dtype=bfloat16"),
+    ("trainer", "device", "cpu", "trainer.device=cuda or auto"),
     ("rollout", "engine_args", {"kv_cache_dtype": "fp8"}, "no rollout.engine_args ['kv_cache_dtype']"),
 ])
 def test_bitwise_refuses_what_cannot_match(bitwise_cfg, section, key, value, named):

@@ -20,8 +20,8 @@ import torch
 from rl.batching import micro_batches, micro_batches_per_minibatch, per_rank_samples
 from rl.bitwise import gpu_unsupported_reason, unsupported_reason
 from rl.config import (
-    bitwise_on_policy, engine_memory_share, engines_per_gpu, frozen_models_sharded, head_options, logprob_temperature, micro_batch_memory,
-    needs_reference, pack_sequences, rollout_placement, teacher_paths,
+    bitwise_on_policy, engine_memory_share, engines_per_gpu, frozen_models_sharded, head_options, logprob_temperature,
+    micro_batch_memory, needs_reference, pack_sequences, rollout_placement, teacher_paths,
 )
 from rl.memory import activation_bytes, head_logit_bytes, micro_batch_tokens, should_checkpoint
 from rl.metrics import TrainStatSums, forward_sums

@@ -20,8 +20,9 @@ import yaml
 from launch.placement import check_gpu_layout
 from launch.tracking import wandb_mode
 from rewards.compose import check_reward_specs, reward_section_keys
-from rl.config import (ConfigError, check_number, is_colocated_vllm, resolve_auto, teacher_paths, to_plain,
-                       validate)
+from rl.bitwise import unsupported_reason
+from rl.config import (ConfigError, bitwise_on_policy, check_number, is_colocated_vllm, resolve_auto, teacher_paths,
+                       to_plain, validate)
 from rl.models import resolve_model_path
 from trainer.objectives import OBJECTIVES, objective_of
 
@@ -264,6 +265,13 @@ def prepare(cfg: dict) -> str:
     check_model_path(str(cfg["model"]["path"]))
     model_path = resolve_model_path(cfg["model"]["path"])
     check_logit_processing(model_path)
+    if bitwise_on_policy(cfg):  # before any actor starts: the layers the bitwise forward cannot reproduce, by name
+        from transformers import AutoConfig
+
+        reason = unsupported_reason(AutoConfig.from_pretrained(model_path))
+        if reason:
+            raise ConfigError(f"algorithm.on_policy=bitwise cannot match the engine on model.path="
+                              f"{cfg['model']['path']}: {reason}")
     moe = model_is_moe(model_path, cfg["algorithm"]["keep_routing"])
     if moe and cfg["trainer"].get("compile"):
         raise ConfigError(f"trainer.compile=true supports dense models; model.path={cfg['model']['path']} has routed "

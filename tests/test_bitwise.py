@@ -99,3 +99,17 @@ def test_unknown_on_policy_mode_is_refused(base_cfg):
     cfg["algorithm"]["on_policy"] = "exact"
     with pytest.raises(ConfigError, match="on_policy"):
         validate(cfg)
+
+
+def test_an_unsupported_model_is_refused_before_anything_starts(tiny_moe_path, monkeypatch):
+    """launch.config.prepare names the layer the bitwise forward cannot reproduce (here: routed experts)."""
+    from launch import config as launch_config
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=[
+            "+experiment=smoke_learn", "algorithm.on_policy=bitwise", "rollout.engine=vllm", "model.dtype=bfloat16",
+            "trainer.device=auto", "rollout.top_p=1.0", "rollout.top_k=0"]), resolve=True)
+    cfg["model"]["path"] = tiny_moe_path
+    monkeypatch.setattr(launch_config, "check_config", lambda cfg: None)  # vLLM is not installed on the CPU machines
+    with pytest.raises(ConfigError, match="algorithm.on_policy=bitwise cannot match the engine.*qwen3_moe"):
+        launch_config.prepare(cfg)

@@ -372,6 +372,15 @@ _EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2")}
 _DEFAULT_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
 
 
+def split_head(model):
+    """(decoder body returning hidden states, output projection module) of an HF causal LM."""
+    body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    head = model.get_output_embeddings()
+    if body is None or head is None:
+        raise ValueError(f"{type(model).__name__} does not expose a decoder body and an output embedding")
+    return body, head
+
+
 def to_checkpoint_format(name: str, tensor: torch.Tensor, model_type: str) -> list[tuple[str, torch.Tensor]]:
     """One transformers parameter -> the (name, tensor) pairs of the HF checkpoint layout that vLLM's loaders read
     (views, no copies). transformers 5 fuses MoE experts into 3-D `experts.gate_up_proj` / `experts.down_proj`;

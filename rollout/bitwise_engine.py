@@ -18,7 +18,8 @@ so that the trainer's forward (trainer/bitwise.py) can call the very kernels vLL
   (SmolLM2-135M: 2.9% of those tokens equal, benchmarks/README.md). Here every causal call says its longest
   query has at least 65 tokens (`rl.bitwise.FA3_MIN_QUERY_ROWS`): FA3 then takes its ordinary causal tile
   (128-key blocks, as the prefill) and masks each query by its own length, so the attention is the same function
-  with the prefill's blocks. (At head size 128 both tiles use 128-key blocks, which is why Qwen3 matched without this.)
+  with the prefill's blocks. (At head size 128 both tiles use 128-key blocks, which is why Qwen3 matched without
+  this.)
 The patches are process-wide and stay for the process's life (a rollout worker holds one engine), which is why the
 mode needs the engine core in this process (`rollout.engine_core=in_process`). The judge is another actor's process
 and never gets them.
@@ -26,14 +27,9 @@ and never gets them.
 
 from __future__ import annotations
 
-import os
-
 from rl.bitwise import FA3_MIN_QUERY_ROWS, gpu_unsupported_reason
 
-_patched: list = []
-
-
-_original: dict = {}
+_original: dict = {}  # what each patch replaced, by patch name; a name here means the patch is in place
 
 
 def _rms_norm_forward_cuda(self, x, residual=None):
@@ -50,22 +46,21 @@ def _rms_norm_forward_cuda(self, x, residual=None):
 
 def patch_rms_norm() -> None:
     """vLLM's RMSNorm with a residual through the batch-invariant Triton kernel (see the module docstring)."""
-    if "rms_norm" in _patched:
+    if "rms_norm" in _original:
         return
     from vllm.model_executor.layers.layernorm import RMSNorm
 
     _original["rms_norm"] = RMSNorm.forward_cuda
     RMSNorm.forward_cuda = _rms_norm_forward_cuda
-    _patched.append("rms_norm")
 
 
 def patch_decode_attention() -> None:
     """Decode steps through FA3's ordinary causal tile (see the module docstring)."""
-    if "attention" in _patched:
+    if "attention" in _original:
         return
     from vllm.v1.attention.backends import flash_attn as backend
 
-    original = backend.flash_attn_varlen_func
+    original = _original["attention"] = backend.flash_attn_varlen_func
 
     def flash_attn_varlen_func(*args, **kwargs):
         if kwargs.get("causal") is True and kwargs.get("max_seqlen_q", FA3_MIN_QUERY_ROWS) < FA3_MIN_QUERY_ROWS:
@@ -73,11 +68,11 @@ def patch_decode_attention() -> None:
         return original(*args, **kwargs)
 
     backend.flash_attn_varlen_func = flash_attn_varlen_func
-    _patched.append("attention")
 
 
 def bitwise_engine_args(kwargs: dict, *, engine_core_in_process: bool, tensor_parallel_size: int) -> dict:
-    """The engine arguments and process settings of the mode; refuses what cannot be bitwise."""
+    """The engine arguments and patches of the mode; refuses what cannot be bitwise. `VLLM_BATCH_INVARIANT=1` is set
+    by the caller before vLLM is imported (VLLMEngine)."""
     if not engine_core_in_process:
         raise ValueError("algorithm.on_policy=bitwise patches vLLM's RMSNorm in the rollout worker's process: it needs "
                          "rollout.engine_core=in_process")
@@ -87,7 +82,6 @@ def bitwise_engine_args(kwargs: dict, *, engine_core_in_process: bool, tensor_pa
     reason = gpu_unsupported_reason()
     if reason:
         raise RuntimeError(f"algorithm.on_policy=bitwise: {reason}")
-    os.environ["VLLM_BATCH_INVARIANT"] = "1"
     patch_rms_norm()
     patch_decode_attention()
     return {**kwargs, "enforce_eager": True, "attention_backend": "FLASH_ATTN"}

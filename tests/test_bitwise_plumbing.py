@@ -81,8 +81,10 @@ def _trajectories(vocab: int, kept: bool) -> list[Trajectory]:
     rng = np.random.default_rng(0)
     out = []
     for i, (p, r) in enumerate([(7, 5), (3, 9), (12, 1), (5, 6)]):
-        t = Trajectory(uid=str(i), group_id="g", domain="math", prompt_ids=rng.integers(3, vocab, p).astype(np.int32),
-                       response_ids=rng.integers(3, vocab, r).astype(np.int32), inference_logprobs=np.zeros(r, np.float32))
+        t = Trajectory(uid=str(i), group_id="g", domain="math",
+                       prompt_ids=rng.integers(3, vocab, p).astype(np.int32),
+                       response_ids=rng.integers(3, vocab, r).astype(np.int32),
+                       inference_logprobs=np.zeros(r, np.float32))
         if kept:  # a few ids per position, the sampled one among them
             sets = [np.unique(np.r_[rng.integers(3, vocab, int(rng.integers(1, 6))), tok]) for tok in t.response_ids]
             t.kept_ids = np.concatenate(sets).astype(np.int32)

@@ -15,8 +15,8 @@ vLLM's decoder layer, as the trainer reproduces it (Llama / Qwen2 / Qwen3 famili
     log pi(o_t) = z[o_t] - logsumexp(z)                                   rl/kept_set.py's row kernel, as captured
 
 linear_bi is the function vLLM's linear layers call in the mode (the matmul rounded to bf16, then the bias added
-as a second op). Every kernel reduces a row in an order that does not depend on the other rows, so a full-sequence forward over
-the trainer's micro-batch gives each position what vLLM's prefill and decode steps gave it. The forward is
+as a second op). Every kernel reduces a row in an order that does not depend on the other rows, so a full-sequence
+forward over the trainer's micro-batch gives each position what vLLM's prefill and decode steps gave it. The forward is
 inference only (no autograd through vLLM's kernels): `forward_logprobs` takes the values from here and the
 gradient from the ordinary forward of the same weights (`value_from`), so the loss sees the engine's numbers and
 the backward is the ordinary one.
@@ -28,6 +28,8 @@ import torch
 
 from rl.bitwise import FA3_MIN_QUERY_ROWS, gpu_unsupported_reason, unsupported_reason
 from rl.kept_set import reduce_rows
+from rl.logprobs import kept_matrix
+from rl.models import split_head
 
 
 def value_from(ordinary: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
@@ -81,7 +83,8 @@ class BitwiseForward:
         reason = unsupported_reason(config) or gpu_unsupported_reason()
         if reason:
             raise ValueError(f"algorithm.on_policy=bitwise: {reason}")
-        self.model, self.config = model, config
+        self.config = config
+        self.body, self.head = split_head(model)
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
@@ -98,12 +101,11 @@ class BitwiseForward:
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int):
         """Final hidden states [T, H] of T tokens (flat): positions [T], samples' boundaries cu_seqlens [S+1]."""
         from vllm import _custom_ops as ops
+        from vllm.model_executor.layers.batch_invariant import linear_batch_invariant as linear
         from vllm.model_executor.layers.batch_invariant import rms_norm_batch_invariant as rms_norm
         from vllm.vllm_flash_attn import flash_attn_varlen_func
 
-        from vllm.model_executor.layers.batch_invariant import linear_batch_invariant as linear
-
-        body = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
+        body = self.body
         h = torch.nn.functional.embedding(input_ids, body.embed_tokens.weight)
         rope = self.rope(h.device, h.dtype)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -128,9 +130,8 @@ class BitwiseForward:
             o = flash_attn_varlen_func(
                 q.reshape(-1, self.heads, self.head_dim), k.reshape(-1, self.kv_heads, self.head_dim),
                 v.reshape(-1, self.kv_heads, self.head_dim), max_seqlen_q=max(max_seqlen, FA3_MIN_QUERY_ROWS),
-                cu_seqlens_q=cu_seqlens,
-                max_seqlen_k=max_seqlen, cu_seqlens_k=cu_seqlens, softmax_scale=self.scale, causal=True,
-                num_splits=1, fa_version=3)
+                cu_seqlens_q=cu_seqlens, max_seqlen_k=max_seqlen, cu_seqlens_k=cu_seqlens, softmax_scale=self.scale,
+                causal=True, num_splits=1, fa_version=3)
             h = linear(o.reshape(-1, q_size), att.o_proj.weight, att.o_proj.bias)
             residual = h + residual
             x = rms_norm(residual, layer.post_attention_layernorm.weight, self.eps)
@@ -148,9 +149,7 @@ class BitwiseForward:
         """log pi(target) per row of `hidden` [N, H] as vLLM's sampler and the capture computed it (float32 [N])."""
         from vllm.model_executor.layers.batch_invariant import linear_batch_invariant
 
-        from rl.logprobs import kept_matrix
-
-        head = self.model.get_output_embeddings()
+        head = self.head
         offsets_cpu = kept_offsets.cpu() if kept_offsets is not None else None
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         for s in range(0, hidden.shape[0], chunk_size):

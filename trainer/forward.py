@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from rl.logprobs import token_logprobs
+from rl.models import split_head
 from rl.trajectory import TrainBatch
 
 
@@ -70,15 +71,6 @@ class PolicyForward(torch.nn.Module):
 
         for p in self.model.get_output_embeddings().parameters():
             deepspeed.zero.register_external_parameter(self, p)
-
-
-def split_head(model):
-    """(decoder body returning hidden states, output projection module) of an HF causal LM."""
-    body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    head = model.get_output_embeddings()
-    if body is None or head is None:
-        raise ValueError(f"{type(model).__name__} does not expose a decoder body and an output embedding")
-    return body, head
 
 
 def compile_layers(model) -> int:

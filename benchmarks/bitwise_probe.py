@@ -114,14 +114,18 @@ def main() -> None:
     lp = bf.token_logprobs(hidden[index.to(dev)], targets, args.temperature, kept_ids, kept_offsets)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    compare("bitwise", lp.cpu().numpy(), captured, seconds=round(seconds, 3), model=args.model,
-            temperature=args.temperature, top_p=args.top_p)
+    # positions whose kept set did not fit the capture's buffer are out of the loss in training (their set is the
+    # sampled id alone, Generation.loss_mask 0): compared without them, and counted
+    recorded = np.concatenate([np.ones(len(g.response_ids), bool) if g.loss_mask is None else g.loss_mask > 0
+                               for _, g in gens])
+    compare("bitwise", lp.cpu().numpy()[recorded], captured[recorded], seconds=round(seconds, 3), model=args.model,
+            temperature=args.temperature, top_p=args.top_p, cut=int((~recorded).sum()))
     # where the differences are: by response index (the decode step: the batch's samples decode in lockstep) and by
     # the number of keys the position attends to
     resp_index = np.concatenate([np.arange(len(g.response_ids)) for _, g in gens])
     keys = np.concatenate([len(p) + np.arange(len(g.response_ids)) for p, g in gens])
     sample = np.concatenate([np.full(len(g.response_ids), i) for i, (_, g) in enumerate(gens)])
-    equal = lp.cpu().numpy() == captured
+    equal = (lp.cpu().numpy() == captured) | ~recorded
     for name, arr, edges in (("by_response_index", resp_index, [0, 1, 8, 32, 64, 96, 128, 10**9]),
                              ("by_keys", keys, [0, 64, 128, 192, 256, 384, 10**9])):
         buckets = {}

@@ -11,7 +11,8 @@ IPC and the front-end's per-position Python bookkeeping. Here the sampler's own 
   (rl/kept_set.py, CSR) - a peaked distribution keeps a handful of ids, a flat one thousands, and either
   costs memory in proportion,
 and moved to the CPU every few steps (at most `FLUSH_EVERY`, sooner when the sets are large enough to fill half
-the buffer in between): one copy of the used part of the buffer and of the per-row arrays, no work per id.
+the buffer in between; the first step alone, to measure them): one copy of the used part of the buffer and of the
+per-row arrays, no work per id.
 Generation requests vLLM no logprobs at all. Only a buffer that fills up between two flushes leaves sets
 unrecorded; those positions are flagged (`cut`).
 
@@ -105,7 +106,9 @@ class SamplerCapture:
         ids (allocated once, at the first start that needs it). `profile`: also time the GPU reduction."""
         self._reset()
         self.buffer_ids = max(int(buffer_ids), 0)
-        self.flush_every = FLUSH_EVERY
+        # with kept sets, the first step is flushed alone: it measures the ids per step before a long window can
+        # overflow the buffer (a flat distribution keeps ~100k ids a row: 64 steps of them would cut most sets)
+        self.flush_every = 1 if self.buffer_ids else FLUSH_EVERY
         self.flush_seconds = self.record_seconds = self.launch_seconds = self.sampler_seconds = 0.0
         self.steps = 0
         self.profile, self._events = bool(profile), []

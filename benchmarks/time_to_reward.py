@@ -1,5 +1,5 @@
 """Time to reward (issue 37): wall seconds from the command to a held-out pass@1 target on `smol_math`, cold start
-included, for this project (with and without dynamic sampling) and TRL's GRPOTrainer on the same task.
+included, for this project (with and without dynamic sampling), TRL's GRPOTrainer and verl on the same task.
 
 Each run starts as a fresh command. Ours is `python -m launch.train +experiment=smol_math` with `eval.every=N`, and
 its metrics.jsonl gives `eval/math/pass@1`. TRL is `benchmarks/learn_real.py --trl-child --eval-every N`, and its
@@ -7,13 +7,17 @@ steps.jsonl gives `eval_reward`: the mean 0/1 math reward of 4 samples on each o
 which is pass@1. A run is watched from outside: the first evaluation at or above `--target` stops the clock, and the
 run is stopped. A run that never gets there within `--max-steps` or `--timeout` is reported as not reached, with its
 best evaluation.
-verl is not wired in here yet (its s/step: benchmarks/verl_peer.py).
+verl is `benchmarks/verl_peer.py --bench smol --eval-every N` (verl 0.9.1, the smol benchmark's matched settings,
+`verl` at its defaults, `verl_best` at its best: see that script): verl's own validation every N steps on the same
+64 held-out prompts, 4 samples each at temperature 1, and its file logger's `val-core/<source>/reward/mean@4` gives
+pass@1. It needs verl's wheels and at least 13 CPUs (verl_peer.py).
 `ours_bitwise` is ours with `algorithm.on_policy=bitwise` (issue 39): with a target no run reaches (e.g. 1.1) every run
 goes to `--max-steps`, and the table gives the learning curves side by side with each run's median s/step and its
 largest `mismatch/logprob_abs` (0.0 on every step is the mode's claim).
 
-    python benchmarks/time_to_reward.py --out /tmp/ttr --target 0.3 --every 5 --max-steps 60 [--runs ours ours_ds trl]
+    python benchmarks/time_to_reward.py --out /tmp/ttr --target 0.3 --every 5 --max-steps 60   # ours, ours_ds, trl, verl_best
     python benchmarks/time_to_reward.py --out /tmp/bw --target 1.1 --every 5 --max-steps 20 --runs ours ours_bitwise
+    python benchmarks/time_to_reward.py --out /tmp/ttr --target 0.3 --every 5 --max-steps 60 --runs ours trl verl_best
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -30,11 +35,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ("ours", "ours_ds", "ours_bitwise", "trl")
+RUNS = ("ours", "ours_ds", "ours_bitwise", "trl", "verl", "verl_best")
 LABELS = {"ours": "ours (smol_math)", "ours_ds": "ours + dynamic sampling (data.dynamic_sampling.enabled)",
           "ours_bitwise": "ours, bitwise on-policy (algorithm.on_policy=bitwise)",
-          "trl": "TRL 1.16 GRPOTrainer (learn_real.py's settings)"}
+          "trl": "TRL 1.16 GRPOTrainer (learn_real.py's settings)",
+          "verl": "verl 0.9.1, its defaults (verl_peer.py)", "verl_best": "verl 0.9.1, its best setting (verl_peer.py)"}
 RUN_OVERRIDES = {"ours_ds": ["data.dynamic_sampling.enabled=true"], "ours_bitwise": ["algorithm.on_policy=bitwise"]}
+DEFAULT_RUNS = ("ours", "ours_ds", "trl", "verl_best")
+VERL_SETTING = {"verl": "defaults", "verl_best": "best"}
+# verl's validation metric of the held-out prompts (verl_peer.overrides): the mean 0/1 reward of its samples
+VERL_PASS_AT_1 = re.compile(r"^val-core/.+/reward/mean@\d+$")
 
 
 def command(run: str, run_dir: Path, every: int, max_steps: int, extra: list[str],
@@ -45,6 +55,10 @@ def command(run: str, run_dir: Path, every: int, max_steps: int, extra: list[str
         return [sys.executable, str(ROOT / "benchmarks" / "learn_real.py"), "--trl-child", "--out",
                 str(run_dir.parent), "--run", run_dir.name, "--steps", str(max_steps), "--eval-every", str(every),
                 *extra]
+    if run in VERL_SETTING:  # its run's timeout is this script's (it stops the run)
+        return [sys.executable, str(ROOT / "benchmarks" / "verl_peer.py"), "--out", str(run_dir.parent), "--bench",
+                "smol", "--setting", VERL_SETTING[run], "--name", run_dir.name, "--steps", str(max_steps),
+                "--eval-every", str(every), "--timeout", str(10**6), *extra]
     return [sys.executable, "-m", "launch.train", f"+experiment={experiment}", f"run_dir={run_dir}",
             f"trainer.total_steps={max_steps}", f"eval.every={every}", "logger.mode=disabled",
             "logger.progress_bar=false", *RUN_OVERRIDES.get(run, []), *extra]
@@ -52,7 +66,7 @@ def command(run: str, run_dir: Path, every: int, max_steps: int, extra: list[str
 
 def evaluations(run: str, run_dir: Path) -> list[tuple[int, float]]:
     """(step, held-out pass@1) of every evaluation the run has written so far."""
-    path = run_dir / ("steps.jsonl" if run == "trl" else "metrics.jsonl")
+    path = run_dir / ("metrics.jsonl" if run.startswith("ours") else "steps.jsonl")
     key = "eval_reward" if run == "trl" else "eval/math/pass@1"
     out = []
     for line in path.read_text().splitlines() if path.exists() else []:
@@ -60,6 +74,9 @@ def evaluations(run: str, run_dir: Path) -> list[tuple[int, float]]:
             row = json.loads(line)
         except ValueError:  # a line being written
             continue
+        if run in VERL_SETTING:  # verl's file logger: {"step", "data": {metric: value}}
+            row = {"step": row.get("step"), **{key: v for k, v in (row.get("data") or {}).items()
+                                               if VERL_PASS_AT_1.match(k)}}
         if isinstance(row.get(key), (int, float)):
             out.append((int(row["step"]), float(row[key])))
     return out
@@ -67,9 +84,9 @@ def evaluations(run: str, run_dir: Path) -> list[tuple[int, float]]:
 
 def train_stats(run: str, run_dir: Path) -> dict:
     """Ours: the median s/step over the steps after the first, and the largest and smallest train-inference
-    logprob mismatch of any step (None for TRL, whose steps.jsonl has neither)."""
+    logprob mismatch of any step (None for TRL and verl, whose logs this does not read)."""
     path = run_dir / "metrics.jsonl"
-    if run == "trl" or not path.exists():
+    if not run.startswith("ours") or not path.exists():
         return {"s_per_step": None, "mismatch_max": None, "mismatch_min": None, "steps": 0}
     rows = []
     for line in path.read_text().splitlines():
@@ -146,7 +163,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--target", type=float, required=True, help="held-out pass@1 to reach")
-    ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
+    ap.add_argument("--runs", nargs="+", default=list(DEFAULT_RUNS), choices=RUNS)
     ap.add_argument("--every", type=int, default=5, help="steps between held-out evaluations")
     ap.add_argument("--max-steps", type=int, default=60)
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
@@ -158,7 +175,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for run in args.runs:  # one after the other: each one's cold start on a machine nothing else uses
-        extra = shlex.split(args.trl_extra if run == "trl" else args.ours_extra)
+        extra = shlex.split(args.trl_extra if run == "trl" else "" if run in VERL_SETTING else args.ours_extra)
         results.append(time_to_reward(run, args.out, args.target, args.every, args.max_steps, args.timeout, extra,
                                       experiment=args.experiment))
         (args.out / "results.json").write_text(json.dumps(results, indent=1))

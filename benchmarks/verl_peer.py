@@ -87,6 +87,7 @@ BENCHES = {  # grpo_step.py's two benchmarks; micro: TRL's --micro-batch there (
 }
 SETTINGS = ("defaults", "best")
 N_SAMPLES = 8
+EVAL_SAMPLES = 4  # held-out samples a prompt (ours: eval.n_samples of smol_math; TRL: learn_real.py's)
 PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
 MIN_CPUS = 13
 DATA_SOURCE = "mixrl/bundled_math"
@@ -94,21 +95,22 @@ DATA_SOURCE = "mixrl/bundled_math"
 
 # ---------------------------------------------------------------- the work: dataset and reward
 
-def write_dataset(path: Path) -> int:
-    """The bundled arithmetic as verl's RL parquet (columns data_source, prompt (chat messages), ability,
-    reward_model {style, ground_truth}, extra_info); returns the number of rows."""
+def write_dataset(path: Path, source: str = "math.jsonl", limit: int | None = None, split: str = "train") -> int:
+    """Bundled arithmetic (`source` under rl/bundled: the training set, or `eval/math.jsonl`, the held-out one, whose
+    first `limit` prompts ours and TRL evaluate) as verl's RL parquet (columns data_source, prompt (chat messages),
+    ability, reward_model {style, ground_truth}, extra_info); returns the number of rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from rl.data import BUNDLED_DIR
 
-    rows = [json.loads(x) for x in (BUNDLED_DIR / "math.jsonl").read_text().splitlines() if x.strip()]
+    rows = [json.loads(x) for x in (BUNDLED_DIR / source).read_text().splitlines() if x.strip()][:limit]
     table = pa.Table.from_pylist([
         {"data_source": DATA_SOURCE,
          "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": r["question"]}],
          "ability": "math",
          "reward_model": {"style": "rule", "ground_truth": str(r["answer"])},
-         "extra_info": {"index": i, "id": r.get("id", str(i)), "split": "train"}}
+         "extra_info": {"index": i, "id": r.get("id", str(i)), "split": split}}
         for i, r in enumerate(rows)])
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
@@ -241,8 +243,11 @@ def attn_implementation() -> str:
 
 
 def overrides(bench: str, setting: str, model: str, data: Path, run_dir: Path, steps: int,
-              attn: str = "sdpa") -> list[str]:
-    """verl's Hydra overrides (all keys of verl/trainer/config/ppo_trainer.yaml) for one benchmark and setting."""
+              attn: str = "sdpa", eval_data: Path | None = None, eval_every: int = 0) -> list[str]:
+    """verl's Hydra overrides (all keys of verl/trainer/config/ppo_trainer.yaml) for one benchmark and setting.
+    `eval_data`, `eval_every`: verl's validation (`trainer.test_freq`) on those held-out prompts every N steps, as ours
+    and TRL evaluate for time_to_reward.py: EVAL_SAMPLES samples a prompt at the training sampling (verl's default
+    is one greedy answer), logged as `val-core/<data_source>/reward/mean@4`, the mean 0/1 reward: pass@1."""
     b = BENCHES[bench]
     micro = min(b["micro"], b["prompts"] * N_SAMPLES)
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
@@ -266,6 +271,11 @@ def overrides(bench: str, setting: str, model: str, data: Path, run_dir: Path, s
         f"trainer.default_local_dir={run_dir / 'checkpoints'}",
         "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=verl_peer.worker_setup",
     ]
+    if eval_every:
+        v = f"{r}.val_kwargs"
+        out = [x for x in out if not x.startswith(("data.val_files=", "trainer.test_freq="))]
+        out += [f"data.val_files={eval_data}", f"trainer.test_freq={eval_every}", f"{v}.n={EVAL_SAMPLES}",
+                f"{v}.do_sample=true", f"{v}.temperature=1.0", f"{v}.top_p=1.0", f"{v}.top_k=-1"]
     if setting == "best":
         out += ["actor_rollout_ref.model.enable_gradient_checkpointing=false",
                 "algorithm.rollout_correction.bypass_mode=true"]
@@ -289,13 +299,19 @@ def check_cpus(count: int | None = None) -> None:
                          f"actors, reward and agent-loop workers) and hangs before step 1 with fewer than {MIN_CPUS}")
 
 
-def run_verl(bench: str, setting: str, model: str, out: Path, steps: int, timeout: float) -> Path:
-    """One verl run in a child process; returns its file logger's JSON lines (one object per step)."""
-    name = f"verl_{bench}_{setting}"
+def run_verl(bench: str, setting: str, model: str, out: Path, steps: int, timeout: float, name: str | None = None,
+             eval_every: int = 0, eval_prompts: int = 64) -> Path:
+    """One verl run in a child process (in out/`name`, default verl_<bench>_<setting>); returns its file logger's JSON
+    lines (one object per step). `eval_every`: held-out validation every N steps on the first `eval_prompts` prompts
+    of rl/bundled/eval/math.jsonl (time_to_reward.py)."""
+    name = name or f"verl_{bench}_{setting}"
     run_dir = out / name
     run_dir.mkdir(parents=True, exist_ok=True)
     data = out / "verl_data" / "math.parquet"
     write_dataset(data)
+    eval_data = out / "verl_data" / f"eval_math_{eval_prompts}.parquet"
+    if eval_every:
+        write_dataset(eval_data, "eval/math.jsonl", limit=eval_prompts, split="test")
     steps_file = run_dir / "steps.jsonl"
     steps_file.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": tempfile.mkdtemp(prefix="ray-verl-peer-"),
@@ -304,7 +320,8 @@ def run_verl(bench: str, setting: str, model: str, out: Path, steps: int, timeou
     visible = env.get("CUDA_VISIBLE_DEVICES")
     env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[0] if visible else "0"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--verl-child",
-           *overrides(bench, setting, model, data, run_dir, steps, attn_implementation()), *hydra_overrides(run_dir)]
+           *overrides(bench, setting, model, data, run_dir, steps, attn_implementation(), eval_data, eval_every),
+           *hydra_overrides(run_dir)]
     t0 = time.perf_counter()
     with (out / f"{name}.log").open("w") as log:
         try:
@@ -395,7 +412,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--timeout", type=float, default=1500.0, help="seconds per run (verl takes ~215 s to step 1)")
     ap.add_argument("--report", action="store_true", help="print the table of what --out holds, run nothing")
+    ap.add_argument("--eval-every", type=int, default=0, help="held-out pass@1 every N steps (time_to_reward.py)")
+    ap.add_argument("--eval-prompts", type=int, default=64, help="with --eval-every: held-out prompts")
+    ap.add_argument("--name", default=None, help="the run's folder in --out (one --bench and --setting)")
     args = ap.parse_args()
+    if args.name and len(args.bench) * len(args.setting) != 1:
+        ap.error("--name names one run: give one --bench and one --setting")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if not args.report:
@@ -406,8 +428,10 @@ def main() -> None:
             path = model_path(bench, out)
             print(f"{bench}: {path}", flush=True)
             for setting in args.setting:
-                run_verl(bench, setting, path, out, args.steps, args.timeout)
-    print(table(report(out, args.bench, args.setting)))
+                run_verl(bench, setting, path, out, args.steps, args.timeout, args.name, args.eval_every,
+                         args.eval_prompts)
+    if not args.name:
+        print(table(report(out, args.bench, args.setting)))
 
 
 if __name__ == "__main__":

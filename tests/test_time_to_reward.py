@@ -82,3 +82,24 @@ def test_train_stats_give_the_pace_and_the_mismatch_range(tmp_path):
     assert stats == {"s_per_step": 2.5, "mismatch_max": 0.01, "mismatch_min": 0.0, "steps": 4}
     assert time_to_reward.train_stats("trl", run)["s_per_step"] is None
     assert "algorithm.on_policy=bitwise" in time_to_reward.command("ours_bitwise", run, 5, 20, [])
+
+
+def test_a_verl_run_is_timed_to_verls_own_validation(tmp_path):
+    """verl's file logger ({"step", "data"}) gives pass@1 as `val-core/<source>/reward/mean@4` on the steps it
+    validated; the run is verl_peer.py on the smol benchmark, validating every N steps, in this script's folder."""
+    run = tmp_path / "verl_best"
+    run.mkdir()
+    rows = [{"step": 1, "data": {"timing_s/step": 30.0, "critic/score/mean": 0.1}},
+            {"step": 5, "data": {"timing_s/step": 3.0, "val-core/mixrl/bundled_math/reward/mean@4": 0.25,
+                                 "val-aux/mixrl/bundled_math/reward/std@4": 0.4}},
+            {"step": 6, "data": {"timing_s/step": 3.1}}]
+    (run / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 10, "da')
+    assert time_to_reward.evaluations("verl_best", run) == [(5, 0.25)]
+    assert time_to_reward.train_stats("verl_best", run)["s_per_step"] is None
+    cmd = time_to_reward.command("verl_best", run, 5, 60, [])
+    assert cmd[1].endswith("verl_peer.py")
+    args = dict(zip(cmd[2::2], cmd[3::2]))
+    assert args["--out"] == str(tmp_path) and args["--name"] == "verl_best" and args["--bench"] == "smol"
+    assert args["--setting"] == "best" and args["--eval-every"] == "5" and args["--steps"] == "60"
+    defaults = time_to_reward.command("verl", run, 5, 60, [])
+    assert dict(zip(defaults[2::2], defaults[3::2]))["--setting"] == "defaults"

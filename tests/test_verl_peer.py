@@ -114,9 +114,10 @@ def _verl_config_dir() -> Path:
 
 @pytest.mark.parametrize("bench", list(vp.BENCHES))
 @pytest.mark.parametrize("setting", vp.SETTINGS)
-def test_overrides_compose_and_pass_verls_checks(bench, setting, tmp_path):
+@pytest.mark.parametrize("eval_every", [0, 5])
+def test_overrides_compose_and_pass_verls_checks(bench, setting, eval_every, tmp_path):
     """Every override is a key of verl's ppo_trainer.yaml (Hydra refuses unknown ones), the result passes verl's own
-    validate_config and builds its actor, rollout and algorithm dataclasses."""
+    validate_config and builds its actor, rollout and algorithm dataclasses; with held-out validation too."""
     config_dir = _verl_config_dir()
     from hydra import compose, initialize_config_dir
     from omegaconf import open_dict
@@ -125,7 +126,8 @@ def test_overrides_compose_and_pass_verls_checks(bench, setting, tmp_path):
     from verl.utils.config import omega_conf_to_dataclass
 
     run_dir = tmp_path / f"verl_{bench}_{setting}"
-    ov = vp.overrides(bench, setting, "/models/m", tmp_path / "math.parquet", run_dir, 6)
+    ov = vp.overrides(bench, setting, "/models/m", tmp_path / "math.parquet", run_dir, 6,
+                      eval_data=tmp_path / "eval.parquet", eval_every=eval_every)
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         cfg = compose("ppo_trainer", overrides=ov + vp.hydra_overrides(run_dir), return_hydra_config=True)
     assert cfg.hydra.run.dir == str(run_dir / "hydra")
@@ -143,6 +145,10 @@ def test_overrides_compose_and_pass_verls_checks(bench, setting, tmp_path):
     assert actor.loss_agg_mode == "seq-mean-token-mean" and actor.optim.lr == 2e-5
     assert omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout).calculate_log_probs
     assert omega_conf_to_dataclass(cfg.algorithm).adv_estimator == "grpo"
+    assert cfg.trainer.test_freq == (eval_every or -1)
+    if eval_every:
+        val = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout.val_kwargs)
+        assert val.n == 4 and val.do_sample and val.temperature == 1.0
 
 
 def test_chunked_logprobs_match_verls_row_loop():
@@ -182,3 +188,33 @@ def test_fixes_apply_on_import_in_a_fresh_process():
             "print('patched')")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert "patched" in done.stdout, done.stderr[-3000:]
+
+
+def test_held_out_validation_is_what_ours_and_trl_evaluate(tmp_path):
+    """--eval-every (time_to_reward.py): verl validates on the first 64 held-out prompts, 4 samples each at the
+    training sampling (verl's default is one greedy answer), every N steps; without it nothing is validated."""
+    import pyarrow.parquet as pq
+
+    from rl.data import BUNDLED_DIR
+
+    data, held, run = tmp_path / "math.parquet", tmp_path / "eval.parquet", tmp_path / "verl"
+    base = vp.overrides("smol", "best", "/m", data, run, 6)
+    ev = vp.overrides("smol", "best", "/m", data, run, 6, eval_data=held, eval_every=5)
+    assert "trainer.test_freq=-1" in base and "trainer.val_before_train=false" in base
+    v = "actor_rollout_ref.rollout.val_kwargs"
+    assert {"trainer.test_freq=5", f"data.val_files={held}", f"{v}.n=4", f"{v}.do_sample=true", f"{v}.temperature=1.0",
+            f"{v}.top_p=1.0", f"{v}.top_k=-1", "trainer.val_before_train=false"} <= set(ev)
+    keys = [x.split("=", 1)[0] for x in ev]
+    assert len(keys) == len(set(keys))  # each key once: the validation replaces the run's own
+    assert set(ev) - set(base) <= {x for x in ev if x.startswith(("trainer.test_freq", "data.val_files", v))}
+    assert vp.write_dataset(held, "eval/math.jsonl", limit=64, split="test") == 64
+    rows = pq.read_table(held).to_pylist()
+    bundled = [json.loads(x) for x in (BUNDLED_DIR / "eval" / "math.jsonl").read_text().splitlines() if x.strip()]
+    assert [r["prompt"][1]["content"] for r in rows] == [b["question"] for b in bundled[:64]]
+    assert {r["extra_info"]["split"] for r in rows} == {"test"}
+
+
+def test_a_named_run_is_one_benchmark_and_one_setting(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "verl_peer.py"), "--out", str(tmp_path),
+                           "--name", "verl"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--name names one run" in done.stderr

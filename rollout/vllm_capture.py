@@ -11,8 +11,8 @@ IPC and the front-end's per-position Python bookkeeping. Here the sampler's own 
   (rl/kept_set.py, CSR) - a peaked distribution keeps a handful of ids, a flat one thousands, and either
   costs memory in proportion,
 and moved to the CPU every few steps (at most `FLUSH_EVERY`, sooner when the sets are large enough to fill half
-the buffer in between; the first step alone, to measure them): one copy of the used part of the buffer and of the
-per-row arrays, no work per id.
+the buffer in between; the first step alone, to measure them, then windows that at most double): one copy of the
+used part of the buffer and of the per-row arrays, no work per id.
 Generation requests vLLM no logprobs at all. Only a buffer that fills up between two flushes leaves sets
 unrecorded; those positions are flagged (`cut`).
 
@@ -107,7 +107,8 @@ class SamplerCapture:
         self._reset()
         self.buffer_ids = max(int(buffer_ids), 0)
         # with kept sets, the first step is flushed alone: it measures the ids per step before a long window can
-        # overflow the buffer (a flat distribution keeps ~100k ids a row: 64 steps of them would cut most sets)
+        # overflow the buffer (a flat distribution keeps ~100k ids a row: 64 steps of them would cut most sets);
+        # the window then grows 1, 2, 4, ... up to FLUSH_EVERY steps, or what the buffer holds
         self.flush_every = 1 if self.buffer_ids else FLUSH_EVERY
         self.flush_seconds = self.record_seconds = self.launch_seconds = self.sampler_seconds = 0.0
         self.steps = 0
@@ -179,9 +180,12 @@ class SamplerCapture:
             chunk["total"] = torch.cat([g[2] for g in self._gpu]).cpu().numpy()
             chunk["start"] = torch.cat([g[3] for g in self._gpu]).cpu().numpy()
             chunk["flat"], asked = self.buffer.drain()
-            # large sets (a flat distribution): flush sooner, so the buffer stays at most about half full
+            # large sets (a flat distribution): flush sooner, so the buffer stays at most about half full; the
+            # window at most doubles from one flush to the next, as a step can hold more rows than the ones measured
+            # (the first steps of a generate call: requests still joining the batch)
             per_step = asked / steps
-            self.flush_every = int(min(FLUSH_EVERY, max(1, self.buffer.capacity // (2 * max(per_step, 1)))))
+            self.flush_every = int(min(FLUSH_EVERY, 2 * steps,
+                                       max(1, self.buffer.capacity // (2 * max(per_step, 1)))))
         index = [m[1] for m in self._meta]  # V1: numpy per step; V2: GPU tensors, read back in one copy
         index = torch.cat(index).cpu().numpy() if self.v2 else np.concatenate(index)
         keep = np.concatenate([m[3] for m in self._meta])

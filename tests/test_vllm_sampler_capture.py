@@ -470,3 +470,28 @@ def test_an_error_in_the_report_stops_the_reports_not_the_generation():
     llm = StandInLLM(schedule)
     assert len(_report(llm, [[k] for k in range(4)], 1, boom)) == 4
     assert len(calls) == 1 and "step" not in vars(llm.llm_engine)  # reported once, then off; step restored
+
+
+def test_a_batch_that_grows_after_the_first_step_loses_no_set(monkeypatch):
+    """The first step measures one request's set; two more requests join at the next step (a batch filling up).
+    The window grows at most twofold per flush, so the sets of the larger steps still fit the buffer (a window sized
+    from the first step alone, 4 steps of the grown batch, would overflow it and cut sets)."""
+    monkeypatch.setattr(vc, "FLUSH_EVERY", 64)
+    runner = Runner(top_k=0)
+    worker = _install(runner)
+    vc.start_rpc(worker, 200)
+    gen = torch.Generator().manual_seed(7)
+    steps = [[("0_7-aaaaaaaa", 5, False, 5)]]
+    steps += [[("0_7-aaaaaaaa", 5 + i, False, 5), ("1_7-bbbbbbbb", 4 + i, False, 5), ("8-cccccccc", 1 + i, False, 2)]
+              for i in range(1, 30)]
+    truth = _run_schedule(runner, gen, steps)
+    rows = vc.collect_rpc(worker)
+    internal = {vc.request_key(r): r for r in rows["req_ids"]}
+    comps = [(k, P, np.array([truth[(internal[k], P + t)][0] for t in range(n)], np.int64))
+             for k, P, n in (("0_7", 5, 30), ("1_7", 5, 29), ("8", 2, 29))]
+    got = vc.assemble(rows, comps)
+    assert not any(g["cut"].any() for g in got)
+    for (key, P, toks), g in zip(comps, got):
+        for t in range(len(toks)):
+            ids = g["kept_ids"][g["kept_offsets"][t] : g["kept_offsets"][t + 1]]
+            assert ids.tolist() == sorted(truth[(internal[key], P + t)][2])

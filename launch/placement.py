@@ -8,7 +8,9 @@
   each with `trainer.ref_num_gpus`, like the reference) and the rubric judge join GPU 0 when they ask for a fraction
   of a GPU (a whole GPU or more is placed outside the group, on a GPU of its own). With tensor parallel T > 1, one
   vLLM instance spans the GPUs of T trainer ranks: worker j (taking no GPU itself) runs on bundle j*T, and vLLM's
-  Ray executor puts its T workers (`rollout.num_gpus` each) on bundles j*T .. j*T+T-1 (`worker_env`).
+  Ray executor puts its T workers (`rollout.num_gpus` each) on bundles j*T .. j*T+T-1 (`worker_env`). A judge with
+  tensor parallel T (`rewards.judge.tensor_parallel_size`) likewise: the judge actor (no GPU itself) on bundle 0,
+  its T workers (`rewards.judge.num_gpus` each) on bundles 0 .. T-1 (`judge_env`).
 - split: vLLM workers own their GPUs. With k > 1 instances per rollout GPU (`rollout.num_gpus` = 1/k) a placement
   group holds the rollout GPUs, workers g*k .. g*k+k-1 on bundle g, so that the instances of a GPU are known (the
   weight sync sends to them in waves, launch/weight_sync.py) and Ray cannot spread them over the GPUs the trainer
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from rewards.judge import uses_rubric_judge
+from rewards.judge import judge_config, judge_tensor_parallel_size, uses_rubric_judge
 from rl.config import (
     ConfigError, check_choice, engines_per_gpu, frozen_models_sharded, is_colocated_vllm, is_split_vllm_on_gpu_shares,
     needs_reference, rollout_placement, teacher_paths,
@@ -49,6 +51,7 @@ def check_gpu_layout(cfg: Mapping) -> None:
             f"{r['num_workers']} and {t['num_processes']})"
         )
     colocated_shares(cfg)
+    check_judge_layout(cfg)
     if is_split_vllm_on_gpu_shares(cfg) and tp != 1:
         raise ConfigError(
             f"rollout.placement=split with rollout.num_gpus={r['num_gpus']} runs vLLM instances on a share of one GPU, "
@@ -79,6 +82,36 @@ def check_gpu_layout(cfg: Mapping) -> None:
 def tensor_parallel_size(cfg: Mapping) -> int:
     """GPUs per vLLM instance (`rollout.tensor_parallel_size`)."""
     return int(cfg["rollout"].get("tensor_parallel_size") or 1)
+
+
+def judge_gpus(cfg: Mapping) -> int:
+    """GPUs the run's rubric judge spans (`rewards.judge.tensor_parallel_size`; 1 without a judge)."""
+    if not uses_rubric_judge(cfg.get("domains") or {}):
+        return 1
+    return judge_tensor_parallel_size(judge_config(cfg.get("rewards")))
+
+
+def check_judge_layout(cfg: Mapping) -> None:
+    """A tensor-parallel judge spans trainer ranks' GPUs of the colocated group with a share on each (`judge_env`);
+    raises ConfigError naming the keys otherwise."""
+    tp = judge_gpus(cfg)
+    if tp < 1:
+        raise ConfigError(f"rewards.judge.tensor_parallel_size must be >= 1, got {tp}")
+    if tp == 1:
+        return
+    j = judge_config(cfg.get("rewards"))
+    share, ranks = float(j.get("num_gpus") or 0), int(cfg["trainer"]["num_processes"])
+    needs = {
+        "rollout.placement=colocated with rollout.engine=vllm (its GPUs are the trainer ranks' of the run's "
+        "placement group)": is_colocated_vllm(cfg),
+        f"rewards.judge.num_gpus a fraction of a GPU, its share on each of its {tp} GPUs (got {share:g})":
+            0 < share < 1,
+        f"trainer.num_processes >= {tp} (got {ranks})": ranks >= tp,
+        f"rewards.judge.engine vllm or null (got {j.get('engine')})": j.get("engine") in (None, "vllm", "auto"),
+    }
+    missing = [k for k, ok in needs.items() if not ok]
+    if missing:
+        raise ConfigError(f"rewards.judge.tensor_parallel_size={tp} needs " + "; ".join(missing))
 
 
 def teachers_of(cfg: Mapping) -> list[str]:
@@ -121,8 +154,9 @@ def check_cpu_reservations(cfg: Mapping, available: float) -> None:
 
 def colocated_shares(cfg: Mapping) -> dict[str, float]:
     """GPU shares that colocated vLLM puts on one GPU: the worker and the trainer rank on every GPU, plus on GPU 0
-    the reference model and the rubric judge when they ask for a fraction of a GPU. Empty when the run is not
-    colocated vLLM. Raises ConfigError naming the keys."""
+    the reference model and the rubric judge when they ask for a fraction of a GPU (a tensor-parallel judge's share
+    is on GPUs 0 .. T-1 too, none of which holds more than GPU 0). Empty when the run is not colocated vLLM. Raises
+    ConfigError naming the keys."""
     if not is_colocated_vllm(cfg):
         return {}
     r, t = cfg["rollout"], cfg["trainer"]
@@ -161,6 +195,7 @@ class GpuPlacement:
         self.engines = engines_per_gpu(cfg)
         self.tp = 1  # colocated tensor parallel: GPUs (bundles) per vLLM instance
         self.gpu_share = 0.0
+        self.judge_tp, self.judge_share = 1, 0.0  # a tensor-parallel judge's GPUs (bundles 0 .. T-1) and share
         r, t = cfg["rollout"], cfg["trainer"]
         self.split_tp = not is_colocated_vllm(cfg) and tensor_parallel_size(cfg) > 1
         shares = colocated_shares(cfg)
@@ -170,6 +205,8 @@ class GpuPlacement:
             roles = {"reference": "trainer.ref_num_gpus", "judge": "rewards.judge.num_gpus",
                      "teacher": teacher_share_key(cfg)}
             self.on_gpu0 = {role for role, key in roles.items() if key in shares}
+            if "judge" in self.on_gpu0:
+                self.judge_tp, self.judge_share = judge_gpus(cfg), float(cfg["rewards"]["judge"]["num_gpus"])
             cpus = float(r["num_cpus"]) * self.engines + float(t["num_cpus"])
             bundles = [{"GPU": 1.0, "CPU": cpus} for _ in range(self.n)]
             if "reference" in self.on_gpu0:
@@ -192,18 +229,30 @@ class GpuPlacement:
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(f"{rollout_placement(r)} placement: Ray could not reserve {bundles}") from None
 
-    def _bundle(self, index: int) -> dict:
+    def _bundle(self, index: int, children: bool = False) -> dict:
+        """`children`: the tasks and actors it starts (vLLM's Ray workers) stay in the group."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=self.pg,
-                                                                        placement_group_bundle_index=index)}
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=self.pg, placement_group_bundle_index=index, placement_group_capture_child_tasks=children)}
 
     def options(self, who: int | str) -> dict:
+        if who == "judge" and self.judge_tp > 1:  # on GPU 0, and its vLLM workers stay in the group (judge_env)
+            return self._bundle(0, children=True)
         if isinstance(who, str):
             if who not in self.on_gpu0:
                 return {}
             who = 0
         return self._bundle(who) if self.pg is not None and who < self.n else {}
+
+    def judge_env(self) -> dict[str, str | None]:
+        """Environment for the judge's engine: with tensor parallel T > 1, vLLM's Ray executor starts its T workers
+        on bundles 0 .. T-1 with the judge's share each (the judge actor, holding no GPU, must not pass Ray's empty
+        CUDA_VISIBLE_DEVICES on to them); {} for a judge on one GPU."""
+        if self.judge_tp == 1:
+            return {}
+        return {"VLLM_RAY_BUNDLE_INDICES": ",".join(map(str, range(self.judge_tp))),
+                "VLLM_RAY_PER_WORKER_GPUS": str(self.judge_share), "CUDA_VISIBLE_DEVICES": None}
 
     def worker_options(self, i: int) -> dict:
         """Rollout worker i runs on the group's GPU i // engines_per_gpu (colocated: trainer rank i // k's); with
@@ -212,11 +261,7 @@ class GpuPlacement:
         if self.pg is None:
             return {}
         if self.tp > 1:
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-            return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=i * self.tp,
-                placement_group_capture_child_tasks=True)}
+            return self._bundle(i * self.tp, children=True)
         return self._bundle(i // self.engines)
 
     def worker_env(self, i: int) -> dict[str, str | None]:

@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 DEFAULTS: dict[str, Any] = {
     "model": None, "mode": "expected", "max_prompt_tokens": 2048, "max_new_tokens": 32, "temperature": 0.0,
     "score_max": 9, "dtype": None, "device": None, "engine": None, "gpu_memory_utilization": None,
-    "num_cpus": 0, "num_gpus": 0, "batch_size": None, "timeout_s": 300.0,
+    "num_cpus": 0, "num_gpus": 0, "batch_size": None, "timeout_s": 300.0, "tensor_parallel_size": 1,
 }
 MIN_KEEP_TOKENS = 32  # never cut a field below this many tokens; past that the request fails with a reason
 PROMPT = (
@@ -60,6 +60,12 @@ RETRY_TAIL = (" Your previous reply could not be read. Reply with exactly one li
 
 def judge_config(rewards_cfg: Mapping | None) -> dict:
     return {**DEFAULTS, **dict((rewards_cfg or {}).get("judge") or {})}
+
+
+def judge_tensor_parallel_size(judge: Mapping) -> int:
+    """GPUs one judge instance spans (`rewards.judge.tensor_parallel_size`, of `judge_config`; null = 1)."""
+    value = judge.get("tensor_parallel_size")
+    return 1 if value is None else int(value)
 
 
 def uses_rubric_judge(domains_cfg: Mapping) -> bool:

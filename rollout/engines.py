@@ -53,6 +53,18 @@ class GPUEngine(Engine, Protocol):
 CONTRACTS = {"state_dict": Engine, "vllm": GPUEngine}
 
 
+def set_environment(env: dict[str, str | None] | None) -> None:
+    """Set (None: unset) the variables an engine reads as it starts: where a tensor-parallel vLLM instance's Ray
+    workers go (launch.placement.GpuPlacement.worker_env / judge_env)."""
+    import os
+
+    for key, value in (env or {}).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def _no_wait() -> None:
     return None
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from rewards.judge import RubricJudge, judge_config
+from rewards.judge import RubricJudge, judge_config, judge_tensor_parallel_size
 from rl.config import to_plain
 from rl.models import resolve_model_path
-from rollout.engines import make_engine
+from rollout.engines import make_engine, set_environment
 from rollout.sampling import SamplingParams, decode_response
 from trainer.dist import wait_for
 
@@ -42,8 +42,11 @@ def judge_engine_config(cfg: Mapping, model_path: str | None = None) -> tuple[di
     rcfg["device"] = j["device"] or rcfg["device"]
     rcfg["max_batch_size"] = int(j["batch_size"] or rcfg["max_batch_size"])
     rcfg["enable_sleep_mode"] = False  # the judge keeps its weights; nothing syncs into it
-    # one GPU (its share, rewards.judge.num_gpus): the rollout's tensor parallelism spans the trainer ranks' GPUs
-    rcfg["tensor_parallel_size"] = 1
+    # its own tensor parallelism (rewards.judge.tensor_parallel_size), not the rollout's: its GPUs and shares are
+    # placed apart (launch/placement.py judge_env); more than one GPU is vLLM's
+    rcfg["tensor_parallel_size"] = judge_tensor_parallel_size(j)
+    if rcfg["tensor_parallel_size"] > 1:
+        rcfg["engine"] = "vllm"
     rcfg["logprobs"] = 1  # vLLM: the judge needs no Keep-Sampling-Mask capture
     if j["gpu_memory_utilization"]:
         rcfg["gpu_memory_utilization"] = j["gpu_memory_utilization"]
@@ -72,8 +75,11 @@ def build_judge(cfg: Mapping, model_path: str | None = None) -> RubricJudge:
 class JudgeWorker:
     """Ray actor body: one judge model shared by every RewardWorker (they hold its handle)."""
 
-    def __init__(self, cfg: Mapping, model_path: str | None = None, after: list = ()):
-        """`after`: ready calls of the vLLM instances that must measure this GPU's free memory first (`wait_for`)."""
+    def __init__(self, cfg: Mapping, model_path: str | None = None, after: list = (),
+                 env: dict[str, str | None] | None = None):
+        """`after`: ready calls of the vLLM instances that must measure this GPU's free memory first (`wait_for`).
+        `env`: where a tensor-parallel judge's Ray workers go (launch.placement.GpuPlacement.judge_env)."""
+        set_environment(env)
         wait_for(after)
         self.judge = build_judge(to_plain(cfg), model_path)
 

@@ -10,7 +10,6 @@ only with `rollout.per_request_seed=true`, which is slower; otherwise the engine
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import numpy as np
@@ -20,7 +19,9 @@ import torch
 from rl.config import bitwise_on_policy, engines_per_gpu
 from rl.engine_specs import engine_spec
 from rl.trajectory import Trajectory
-from rollout.engines import EngineStart, import_engine, make_engine, resolve_engine, sampling_params
+from rollout.engines import (
+    EngineStart, import_engine, make_engine, resolve_engine, sampling_params, set_environment,
+)
 from rollout.sampling import Generation, decode_response
 from trainer.dist import wait_for
 
@@ -41,11 +42,7 @@ class RolloutWorker:
         imports run meanwhile, then the engine starts (vLLM with a start plan does not wait: rollout/vllm_start_plan.py).
         `after` None: a restarted worker (launch.cluster.ActorPool.replace), which records no start plan.
         `plans_before`: when the run created its workers; start plans written later are for the next run."""
-        for key, value in (env or {}).items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        set_environment(env)
         rcfg = cfg["rollout"]
         if rcfg.get("threads"):
             torch.set_num_threads(int(rcfg["threads"]))

@@ -218,6 +218,60 @@ def test_colocated_tensor_parallel_instance_spans_its_trainer_ranks_gpus(ray_loc
     assert split.pg is None and split.worker_options(0) == {} and split.worker_env(0) == {"CUDA_VISIBLE_DEVICES": None}
 
 
+def _tp_judge_cfg(*extra: str) -> dict:
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return OmegaConf.to_container(compose(config_name="train", overrides=[
+            "+experiment=mixed_rl", "rollout=vllm", "trainer.num_processes=2", "rollout.num_workers=2",
+            "rollout.num_gpus=0.4", "trainer.num_gpus=0.4", "trainer.ref_placement=sharded",
+            "rewards.judge.num_gpus=0.15", "rewards.judge.tensor_parallel_size=2", "rollout.num_cpus=0.25",
+            "trainer.num_cpus=0.25", *extra]), resolve=True)
+
+
+def test_a_tensor_parallel_judge_spans_trainer_ranks_gpus_with_its_share(ray_local):
+    """rewards.judge.tensor_parallel_size=2, colocated: the judge actor (no GPU of its own) starts on GPU 0's bundle
+    and its engine's two Ray workers land on trainer rank 0's and rank 1's GPUs with the judge's share each, next to
+    the rollout instances; the rollout workers keep one GPU each."""
+    cfg = _tp_judge_cfg()
+    check_gpu_layout(cfg)
+    placement = GpuPlacement(cfg)
+    try:
+        env = placement.judge_env()
+        assert env == {"VLLM_RAY_BUNDLE_INDICES": "0,1", "VLLM_RAY_PER_WORKER_GPUS": "0.15", "CUDA_VISIBLE_DEVICES": None}
+        assert placement.worker_env(0) == {}  # the rollout's own instances: one GPU each
+        trainers = [GpuProbe.options(num_gpus=0.4, num_cpus=0.25, **placement.options(i)).remote() for i in range(2)]
+        workers = [GpuProbe.options(num_gpus=0.4, num_cpus=0, **placement.worker_options(i)).remote() for i in range(2)]
+        judge = TensorParallelProbe.options(num_gpus=0, num_cpus=0, **placement.options("judge")).remote(env)
+        own, children = ray.get(judge.children_gpu_ids.remote(), timeout=60)
+        trainer_gpus = [ray.get(t.gpu_ids.remote(), timeout=60) for t in trainers]
+        assert own == [] and children == trainer_gpus and trainer_gpus[0] != trainer_gpus[1], (children, trainer_gpus)
+        assert [ray.get(w.gpu_ids.remote(), timeout=60) for w in workers] == trainer_gpus
+    finally:
+        placement.remove()
+    single = GpuPlacement(_tp_judge_cfg("rewards.judge.tensor_parallel_size=1"))
+    try:
+        assert single.judge_env() == {}
+        assert not single.options("judge")["scheduling_strategy"].placement_group_capture_child_tasks
+    finally:
+        single.remove()
+
+
+@pytest.mark.parametrize("override, named", [
+    ("rewards.judge.num_gpus=1", "rewards.judge.num_gpus a fraction of a GPU"),
+    ("rewards.judge.tensor_parallel_size=3", "trainer.num_processes >= 3"),
+    ("rewards.judge.engine=hf", "rewards.judge.engine vllm or null"),
+    ("rollout.placement=split", "rollout.placement=colocated"),
+    ("rewards.judge.tensor_parallel_size=0", "must be >= 1"),
+])
+def test_a_tensor_parallel_judge_that_cannot_be_placed_is_refused_by_name(override, named):
+    cfg = _tp_judge_cfg(override)
+    if override == "rollout.placement=split":
+        cfg["rollout"].update(num_gpus=1, num_workers=1)
+        cfg["trainer"]["num_gpus"] = 1
+    with pytest.raises(Exception, match="rewards.judge.tensor_parallel_size") as err:
+        check_gpu_layout(cfg)
+    assert named in str(err.value)
+
+
 @pytest.mark.parametrize("per_gpu", [1, 2])
 def test_colocated_placement_pairs_workers_with_trainer_ranks(ray_local, per_gpu):
     """Rollout workers i*k .. i*k+k-1 share trainer rank i's GPU (k = rollout.num_workers / trainer.num_processes

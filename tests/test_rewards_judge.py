@@ -239,3 +239,24 @@ def test_the_judge_runs_on_its_own_gpu_share_whatever_the_rollouts_parallelism(t
     rcfg, mcfg, path = judge_engine_config(cfg, tiny_moe_path)
     assert rcfg["tensor_parallel_size"] == 1 and rcfg["enable_sleep_mode"] is False and rcfg["engine"] == "auto"
     assert rcfg["gpu_memory_utilization"] == 0.1 and path == tiny_moe_path and mcfg["dtype"] == "bfloat16"
+    # its own tensor parallelism (rewards.judge.tensor_parallel_size), placed apart (launch/placement.py), on vLLM
+    cfg["rewards"]["judge"]["tensor_parallel_size"] = 2
+    rcfg, _, _ = judge_engine_config(cfg, tiny_moe_path)
+    assert rcfg["tensor_parallel_size"] == 2 and rcfg["engine"] == "vllm"
+
+
+def test_the_judge_worker_sets_its_engines_environment_first(tiny_moe_path, monkeypatch):
+    """A tensor-parallel judge's actor holds no GPU: the placement's variables (where vLLM's Ray workers go, and
+    Ray's empty CUDA_VISIBLE_DEVICES dropped) are set before its engine starts."""
+    import os
+
+    from rollout import judge_worker
+
+    seen = {}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(judge_worker, "build_judge", lambda cfg, path: seen.update(
+        bundles=os.environ.get("VLLM_RAY_BUNDLE_INDICES"), visible=os.environ.get("CUDA_VISIBLE_DEVICES", "unset")))
+    monkeypatch.delenv("VLLM_RAY_BUNDLE_INDICES", raising=False)
+    judge_worker.JudgeWorker({}, tiny_moe_path, [], {"VLLM_RAY_BUNDLE_INDICES": "0,1", "CUDA_VISIBLE_DEVICES": None})
+    assert seen == {"bundles": "0,1", "visible": "unset"}
+    monkeypatch.delenv("VLLM_RAY_BUNDLE_INDICES", raising=False)

@@ -61,6 +61,12 @@ PLACEMENTS = {
                       "trainer.num_processes=2", "rollout.num_workers=1", "rollout.tensor_parallel_size=2",
                       "trainer.zero_stage=3", "trainer.ref_placement=sharded", "rewards.judge.num_gpus=0.1",
                       "rollout.gpu_memory_utilization=0.25"],
+    # the same with the judge tensor parallel too: one judge instance over both GPUs, 0.1 of each
+    "colocated-tp2-judge-tp2": ["rollout.placement=colocated", "rollout.num_gpus=0.4", "trainer.num_gpus=0.4",
+                                "trainer.num_processes=2", "rollout.num_workers=1", "rollout.tensor_parallel_size=2",
+                                "trainer.zero_stage=3", "trainer.ref_placement=sharded", "rewards.judge.num_gpus=0.1",
+                                "rewards.judge.tensor_parallel_size=2", "rewards.judge.engine=vllm",
+                                "rollout.gpu_memory_utilization=0.25"],
     # the same with vLLM's expert parallelism (each TP rank holds 4 of the 8 experts whole instead of a slice of
     # each): routes captured on the driver rank, the weight sync's full expert tensors mapped to each rank's experts
     "colocated-tp2-ep": ["rollout.placement=colocated", "rollout.num_gpus=0.4", "trainer.num_gpus=0.4",

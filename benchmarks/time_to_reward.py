@@ -9,7 +9,7 @@ run is stopped. A run that never gets there within `--max-steps` or `--timeout` 
 best evaluation.
 verl is `benchmarks/verl_peer.py --bench smol --eval-every N` (verl 0.9.1, the smol benchmark's matched settings,
 `verl` at its defaults, `verl_best` at its best: see that script): verl's own validation every N steps on the same
-64 held-out prompts, 4 samples each at temperature 1, and its file logger's `val-core/<source>/reward/mean@4` gives
+64 held-out prompts, 4 samples each at temperature 1, and its file logger's `val-core/<source>/acc/mean@4` gives
 pass@1. It needs verl's wheels and at least 13 CPUs (verl_peer.py).
 `ours_bitwise` is ours with `algorithm.on_policy=bitwise` (issue 39): with a target no run reaches (e.g. 1.1) every run
 goes to `--max-steps`, and the table gives the learning curves side by side with each run's median s/step and its
@@ -43,8 +43,9 @@ LABELS = {"ours": "ours (smol_math)", "ours_ds": "ours + dynamic sampling (data.
 RUN_OVERRIDES = {"ours_ds": ["data.dynamic_sampling.enabled=true"], "ours_bitwise": ["algorithm.on_policy=bitwise"]}
 DEFAULT_RUNS = ("ours", "ours_ds", "trl", "verl_best")
 VERL_SETTING = {"verl": "defaults", "verl_best": "best"}
-# verl's validation metric of the held-out prompts (verl_peer.overrides): the mean 0/1 reward of its samples
-VERL_PASS_AT_1 = re.compile(r"^val-core/.+/reward/mean@\d+$")
+# verl's core validation metric of the held-out prompts (verl_peer.overrides): the mean 0/1 score of its samples.
+# Its reward loop files a float score as `acc` too, which then is the core one (`reward` without it)
+VERL_PASS_AT_1 = re.compile(r"^val-core/.+/(?:acc|reward)/mean@\d+$")
 
 
 def command(run: str, run_dir: Path, every: int, max_steps: int, extra: list[str],

@@ -247,7 +247,7 @@ def overrides(bench: str, setting: str, model: str, data: Path, run_dir: Path, s
     """verl's Hydra overrides (all keys of verl/trainer/config/ppo_trainer.yaml) for one benchmark and setting.
     `eval_data`, `eval_every`: verl's validation (`trainer.test_freq`) on those held-out prompts every N steps, as ours
     and TRL evaluate for time_to_reward.py: EVAL_SAMPLES samples a prompt at the training sampling (verl's default
-    is one greedy answer), logged as `val-core/<data_source>/reward/mean@4`, the mean 0/1 reward: pass@1."""
+    is one greedy answer), logged as `val-core/<data_source>/acc/mean@4`, the mean 0/1 score: pass@1."""
     b = BENCHES[bench]
     micro = min(b["micro"], b["prompts"] * N_SAMPLES)
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
@@ -304,6 +304,8 @@ def run_verl(bench: str, setting: str, model: str, out: Path, steps: int, timeou
     """One verl run in a child process (in out/`name`, default verl_<bench>_<setting>); returns its file logger's JSON
     lines (one object per step). `eval_every`: held-out validation every N steps on the first `eval_prompts` prompts
     of rl/bundled/eval/math.jsonl (time_to_reward.py)."""
+    # a named run (time_to_reward.py) keeps verl's output in its folder: out/<name>.log is the caller's own log
+    log_path = out / f"verl_{bench}_{setting}.log" if name is None else out / name / "verl.log"
     name = name or f"verl_{bench}_{setting}"
     run_dir = out / name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -323,12 +325,12 @@ def run_verl(bench: str, setting: str, model: str, out: Path, steps: int, timeou
            *overrides(bench, setting, model, data, run_dir, steps, attn_implementation(), eval_data, eval_every),
            *hydra_overrides(run_dir)]
     t0 = time.perf_counter()
-    with (out / f"{name}.log").open("w") as log:
+    with log_path.open("w") as log:
         try:
             rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    print(f"  {name}: {time.perf_counter() - t0:.0f} s wall, exit {rc} (log: {out / name}.log)", flush=True)
+    print(f"  {name}: {time.perf_counter() - t0:.0f} s wall, exit {rc} (log: {log_path})", flush=True)
     return steps_file
 
 

@@ -31,7 +31,7 @@ def judge_from_engine(engine, **kwargs) -> RubricJudge:
 
 def judge_engine_config(cfg: Mapping, model_path: str | None = None) -> tuple[dict, dict, str]:
     """(rollout section, model section, model path) the judge's engine is built from: the run's, with the judge's own
-    keys (`rewards.judge`) and what a judge never does (sleep, sync, capture, span GPUs) taken out."""
+    keys (`rewards.judge`, its own tensor parallelism) and what a judge never does (sleep, sync, capture) taken out."""
     j = judge_config(cfg.get("rewards"))
     mcfg = dict(cfg.get("model") or {})
     path = resolve_model_path(j["model"] or model_path or mcfg.get("path") or "embedded:tiny-moe")

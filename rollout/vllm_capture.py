@@ -10,9 +10,9 @@ IPC and the front-end's per-position Python bookkeeping. Here the sampler's own 
 - the kept set, complete: the ids whose value is finite, written back to back into one GPU buffer
   (rl/kept_set.py, CSR) - a peaked distribution keeps a handful of ids, a flat one thousands, and either
   costs memory in proportion,
-and moved to the CPU every few steps (at most `FLUSH_EVERY`, sooner when the sets are large enough to fill half
-the buffer in between; the first step alone, to measure them, then windows that at most double): one copy of the
-used part of the buffer and of the per-row arrays, no work per id.
+and moved to the CPU every few steps (at most `FLUSH_EVERY`; the first step alone, to measure the ids a row; then
+before the rows of the window, at that measure, would fill half the buffer): one copy of the used part of the buffer
+and of the per-row arrays, no work per id.
 Generation requests vLLM no logprobs at all. Only a buffer that fills up between two flushes leaves sets
 unrecorded; those positions are flagged (`cut`).
 
@@ -100,16 +100,17 @@ class SamplerCapture:
         self._gpu: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
         self._meta: list[tuple[list, np.ndarray | torch.Tensor, np.ndarray | None, np.ndarray]] = []
         self._cpu: list[dict] = []
+        self._window_rows = 0  # rows recorded since the last flush (known on the CPU: no sync)
 
     def start(self, buffer_ids: int, profile: bool = False) -> None:
         """Record rows from now on: logprobs, and with `buffer_ids` > 0 whole kept sets in a GPU buffer of that many
         ids (allocated once, at the first start that needs it). `profile`: also time the GPU reduction."""
         self._reset()
         self.buffer_ids = max(int(buffer_ids), 0)
-        # with kept sets, the first step is flushed alone: it measures the ids per step before a long window can
-        # overflow the buffer (a flat distribution keeps ~100k ids a row: 64 steps of them would cut most sets);
-        # the window then grows 1, 2, 4, ... up to FLUSH_EVERY steps, or what the buffer holds
+        # with kept sets, the first step is flushed alone: it measures the ids a row before a long window can
+        # overflow the buffer (a flat distribution keeps ~100k ids a row: 64 steps of them would cut most sets)
         self.flush_every = 1 if self.buffer_ids else FLUSH_EVERY
+        self.ids_per_row: float | None = None  # kept ids per row in the last flushed window
         self.flush_seconds = self.record_seconds = self.launch_seconds = self.sampler_seconds = 0.0
         self.steps = 0
         self.profile, self._events = bool(profile), []
@@ -165,14 +166,19 @@ class SamplerCapture:
             self._events.append((begin, end))
         self._gpu.append((sampled.reshape(-1), lp, total, start))
         self._meta.append((req_ids, index, floor, keep))
-        if len(self._gpu) >= self.flush_every:
+        rows = sampled.numel()
+        self._window_rows += rows
+        # the next step, as large as this one, could take the buffer past half full at the last measure: flush now
+        # (rows, not steps: the batch may still be growing, requests joining it)
+        per_row = self.ids_per_row
+        full = per_row is not None and (self._window_rows + rows) * per_row > self.buffer.capacity / 2
+        if len(self._gpu) >= self.flush_every or full:
             self.flush()
 
     def flush(self) -> None:
         if not self._gpu:
             return
         t0 = time.perf_counter()
-        steps = len(self._gpu)
         tok = torch.cat([g[0] for g in self._gpu])
         lp = torch.cat([g[1] for g in self._gpu])
         chunk = dict(tok=tok.cpu().numpy().astype(np.int32), lp=lp.cpu().numpy())
@@ -180,12 +186,8 @@ class SamplerCapture:
             chunk["total"] = torch.cat([g[2] for g in self._gpu]).cpu().numpy()
             chunk["start"] = torch.cat([g[3] for g in self._gpu]).cpu().numpy()
             chunk["flat"], asked = self.buffer.drain()
-            # large sets (a flat distribution): flush sooner, so the buffer stays at most about half full; the
-            # window at most doubles from one flush to the next, as a step can hold more rows than the ones measured
-            # (the first steps of a generate call: requests still joining the batch)
-            per_step = asked / steps
-            self.flush_every = int(min(FLUSH_EVERY, 2 * steps,
-                                       max(1, self.buffer.capacity // (2 * max(per_step, 1)))))
+            self.ids_per_row = asked / max(len(tok), 1)  # `_record` flushes before the buffer is half full
+            self.flush_every = FLUSH_EVERY
         index = [m[1] for m in self._meta]  # V1: numpy per step; V2: GPU tensors, read back in one copy
         index = torch.cat(index).cpu().numpy() if self.v2 else np.concatenate(index)
         keep = np.concatenate([m[3] for m in self._meta])
@@ -195,7 +197,7 @@ class SamplerCapture:
         chunk["keep"] = keep
         chunk["index"] = index.astype(np.int64, copy=False)
         self._cpu.append(chunk)
-        self._gpu, self._meta = [], []
+        self._gpu, self._meta, self._window_rows = [], [], 0
         self.flush_seconds += time.perf_counter() - t0
 
     def collect(self) -> dict:

@@ -85,16 +85,20 @@ def test_train_stats_give_the_pace_and_the_mismatch_range(tmp_path):
 
 
 def test_a_verl_run_is_timed_to_verls_own_validation(tmp_path):
-    """verl's file logger ({"step", "data"}) gives pass@1 as `val-core/<source>/reward/mean@4` on the steps it
-    validated; the run is verl_peer.py on the smol benchmark, validating every N steps, in this script's folder."""
+    """verl's file logger ({"step", "data"}) gives pass@1 as `val-core/<source>/acc/mean@4` on the steps it
+    validated (verl 0.9.1's reward loop files a float score as `acc`, which becomes the core metric; `reward` is
+    then under val-aux); the run is verl_peer.py on the smol benchmark, validating every N steps, in this script's
+    folder."""
     run = tmp_path / "verl_best"
     run.mkdir()
     rows = [{"step": 1, "data": {"timing_s/step": 30.0, "critic/score/mean": 0.1}},
-            {"step": 5, "data": {"timing_s/step": 3.0, "val-core/mixrl/bundled_math/reward/mean@4": 0.25,
-                                 "val-aux/mixrl/bundled_math/reward/std@4": 0.4}},
+            {"step": 5, "data": {"timing_s/step": 3.0, "val-core/mixrl/bundled_math/acc/mean@4": 0.25,
+                                 "val-aux/mixrl/bundled_math/reward/mean@4": 0.25,
+                                 "val-aux/mixrl/bundled_math/acc/std@4": 0.4}},
+            {"step": 10, "data": {"val-core/mixrl/bundled_math/reward/mean@4": 0.5}},  # a score without `acc`
             {"step": 6, "data": {"timing_s/step": 3.1}}]
-    (run / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 10, "da')
-    assert time_to_reward.evaluations("verl_best", run) == [(5, 0.25)]
+    (run / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 15, "da')
+    assert time_to_reward.evaluations("verl_best", run) == [(5, 0.25), (10, 0.5)]
     assert time_to_reward.train_stats("verl_best", run)["s_per_step"] is None
     cmd = time_to_reward.command("verl_best", run, 5, 60, [])
     assert cmd[1].endswith("verl_peer.py")

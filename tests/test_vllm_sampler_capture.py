@@ -215,7 +215,7 @@ def test_flush_interval_shrinks_when_sets_are_large(monkeypatch):
              for i in range(40)]
     monkeypatch.setattr(vc, "FLUSH_EVERY", 64)
     truth = _run_schedule(runner, gen, steps[:1])
-    assert not cap._gpu and 1 <= cap.flush_every < 64  # flushed after its first step, which measured the sets
+    assert not cap._gpu and cap.ids_per_row > 0  # flushed after its first step, which measured the sets
     truth.update(_run_schedule(runner, gen, steps[1:]))
     rows = vc.collect_rpc(worker)
     internal = {vc.request_key(r): r for r in rows["req_ids"]}
@@ -474,8 +474,8 @@ def test_an_error_in_the_report_stops_the_reports_not_the_generation():
 
 def test_a_batch_that_grows_after_the_first_step_loses_no_set(monkeypatch):
     """The first step measures one request's set; two more requests join at the next step (a batch filling up).
-    The window grows at most twofold per flush, so the sets of the larger steps still fit the buffer (a window sized
-    from the first step alone, 4 steps of the grown batch, would overflow it and cut sets)."""
+    The window is bounded by its rows at the measured ids a row, so the sets of the larger steps still fit the
+    buffer (a window sized in steps from the first step alone would overflow it and cut sets)."""
     monkeypatch.setattr(vc, "FLUSH_EVERY", 64)
     runner = Runner(top_k=0)
     worker = _install(runner)
@@ -489,6 +489,30 @@ def test_a_batch_that_grows_after_the_first_step_loses_no_set(monkeypatch):
     internal = {vc.request_key(r): r for r in rows["req_ids"]}
     comps = [(k, P, np.array([truth[(internal[k], P + t)][0] for t in range(n)], np.int64))
              for k, P, n in (("0_7", 5, 30), ("1_7", 5, 29), ("8", 2, 29))]
+    got = vc.assemble(rows, comps)
+    assert not any(g["cut"].any() for g in got)
+    for (key, P, toks), g in zip(comps, got):
+        for t in range(len(toks)):
+            ids = g["kept_ids"][g["kept_offsets"][t] : g["kept_offsets"][t + 1]]
+            assert ids.tolist() == sorted(truth[(internal[key], P + t)][2])
+
+
+def test_a_batch_that_keeps_growing_loses_no_set(monkeypatch):
+    """Requests join a few at a time over many steps (prefill held back by its token budget): the rows of the open
+    window, counted as they come, trigger the flush before the buffer fills, however fast the batch grows. (Windows
+    that only doubled in steps from one flush to the next overflowed this 160-id buffer.)"""
+    monkeypatch.setattr(vc, "FLUSH_EVERY", 64)
+    runner = Runner(top_k=0)
+    worker = _install(runner)
+    vc.start_rpc(worker, 160)
+    gen = torch.Generator().manual_seed(3)
+    keys = [f"{i}-{i:08x}" for i in range(12)]
+    steps = [[(keys[r], 2 + s - r, False, 2) for r in range(min(s + 1, 12))] for s in range(16)]  # +1 request a step
+    truth = _run_schedule(runner, gen, steps)
+    rows = vc.collect_rpc(worker)
+    internal = {vc.request_key(r): r for r in rows["req_ids"]}
+    comps = [(str(i), 2, np.array([truth[(internal[str(i)], 2 + t)][0] for t in range(16 - i)], np.int64))
+             for i in range(12)]
     got = vc.assemble(rows, comps)
     assert not any(g["cut"].any() for g in got)
     for (key, P, toks), g in zip(comps, got):

@@ -484,11 +484,16 @@ def test_a_batch_that_grows_after_the_first_step_loses_no_set(monkeypatch):
     steps = [[("0_7-aaaaaaaa", 5, False, 5)]]
     steps += [[("0_7-aaaaaaaa", 5 + i, False, 5), ("1_7-bbbbbbbb", 4 + i, False, 5), ("8-cccccccc", 1 + i, False, 2)]
               for i in range(1, 30)]
-    truth = _run_schedule(runner, gen, steps)
+    _assert_every_set_whole(worker, _run_schedule(runner, gen, steps), (("0_7", 5, 30), ("1_7", 5, 29), ("8", 2, 29)))
+
+
+def _assert_every_set_whole(worker, truth, completions) -> None:
+    """No position cut, and each one's recorded kept set is the sampler's: completions are (key, prompt length,
+    tokens)."""
     rows = vc.collect_rpc(worker)
     internal = {vc.request_key(r): r for r in rows["req_ids"]}
     comps = [(k, P, np.array([truth[(internal[k], P + t)][0] for t in range(n)], np.int64))
-             for k, P, n in (("0_7", 5, 30), ("1_7", 5, 29), ("8", 2, 29))]
+             for k, P, n in completions]
     got = vc.assemble(rows, comps)
     assert not any(g["cut"].any() for g in got)
     for (key, P, toks), g in zip(comps, got):
@@ -508,14 +513,4 @@ def test_a_batch_that_keeps_growing_loses_no_set(monkeypatch):
     gen = torch.Generator().manual_seed(3)
     keys = [f"{i}-{i:08x}" for i in range(12)]
     steps = [[(keys[r], 2 + s - r, False, 2) for r in range(min(s + 1, 12))] for s in range(16)]  # +1 request a step
-    truth = _run_schedule(runner, gen, steps)
-    rows = vc.collect_rpc(worker)
-    internal = {vc.request_key(r): r for r in rows["req_ids"]}
-    comps = [(str(i), 2, np.array([truth[(internal[str(i)], 2 + t)][0] for t in range(16 - i)], np.int64))
-             for i in range(12)]
-    got = vc.assemble(rows, comps)
-    assert not any(g["cut"].any() for g in got)
-    for (key, P, toks), g in zip(comps, got):
-        for t in range(len(toks)):
-            ids = g["kept_ids"][g["kept_offsets"][t] : g["kept_offsets"][t + 1]]
-            assert ids.tolist() == sorted(truth[(internal[key], P + t)][2])
+    _assert_every_set_whole(worker, _run_schedule(runner, gen, steps), [(str(i), 2, 16 - i) for i in range(12)])

@@ -125,18 +125,19 @@ def main() -> None:
     resp_index = np.concatenate([np.arange(len(g.response_ids)) for _, g in gens])
     keys = np.concatenate([len(p) + np.arange(len(g.response_ids)) for p, g in gens])
     sample = np.concatenate([np.full(len(g.response_ids), i) for i, (_, g) in enumerate(gens)])
-    equal = (lp.cpu().numpy() == captured) | ~recorded
+    equal = lp.cpu().numpy() == captured
+    unequal = recorded & ~equal  # cut positions are neither: each bucket's share is over its recorded ones
     for name, arr, edges in (("by_response_index", resp_index, [0, 1, 8, 32, 64, 96, 128, 10**9]),
                              ("by_keys", keys, [0, 64, 128, 192, 256, 384, 10**9])):
         buckets = {}
         for lo, hi in zip(edges[:-1], edges[1:]):
-            sel = (arr >= lo) & (arr < hi)
+            sel = (arr >= lo) & (arr < hi) & recorded
             if sel.any():
                 buckets[f"{lo}-{hi}"] = [int(sel.sum()), round(float(equal[sel].mean()), 4)]
         print("RESULT " + json.dumps(dict(check=name, equal_frac=buckets)), flush=True)
-    steps = np.unique(resp_index[~equal])
+    steps = np.unique(resp_index[unequal])
     print("RESULT " + json.dumps(dict(check="unequal_steps", n=int(len(steps)), first=steps[:40].tolist(),
-                                      samples_with_unequal=int(len(np.unique(sample[~equal]))),
+                                      samples_with_unequal=int(len(np.unique(sample[unequal]))),
                                       samples=len(gens))), flush=True)
     if args.dump:
         np.savez(args.dump, lp=lp.cpu().numpy(), captured=captured, resp_index=resp_index, keys=keys, sample=sample)

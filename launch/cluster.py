@@ -25,7 +25,7 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from launch.placement import GpuPlacement, check_cpu_reservations, judge_gpus, teachers_of, tensor_parallel_size
+from launch.placement import GpuPlacement, check_cpu_reservations, teachers_of, tensor_parallel_size
 from launch.startup import StartupTimeline
 from rewards.judge import uses_rubric_judge
 from rewards.worker import RewardWorker
@@ -332,8 +332,8 @@ class Cluster:
             jc = rw["judge"]
             # max_restarts: a judge that dies is restarted; the batches in flight meanwhile score 0 with the reason.
             # tensor parallel: vLLM's Ray workers hold the judge's GPU shares (placement.py judge_env)
-            judge_cls = ray.remote(num_cpus=jc["num_cpus"], num_gpus=0 if judge_gpus(cfg) > 1 else jc["num_gpus"],
-                                   max_restarts=3)(JudgeWorker)
+            actor_gpus = 0 if self._placement.judge_tp > 1 else jc["num_gpus"]
+            judge_cls = ray.remote(num_cpus=jc["num_cpus"], num_gpus=actor_gpus, max_restarts=3)(JudgeWorker)
             # rewards.judge.model null -> the policy's model_path. A vLLM judge, too, profiles its GPU's memory (and
             # one given no GPU share may still see the GPUs and start an engine there)
             self.judge = judge_cls.options(**self._placement.options("judge")).remote(

@@ -181,6 +181,13 @@ def colocated_shares(cfg: Mapping) -> dict[str, float]:
     return shares
 
 
+def _spanning_env(bundles, share: float) -> dict[str, str | None]:
+    """Where vLLM's Ray executor starts a tensor-parallel instance's workers: one per bundle of the run's group, each
+    with `share` of its GPU; the actor driving it holds no GPU, and Ray's empty CUDA_VISIBLE_DEVICES is dropped."""
+    return {"VLLM_RAY_BUNDLE_INDICES": ",".join(map(str, bundles)), "VLLM_RAY_PER_WORKER_GPUS": str(share),
+            "CUDA_VISIBLE_DEVICES": None}
+
+
 class GpuPlacement:
     """The run's placement group (see the module's docstring). `options(rank)` (trainer rank) / `worker_options(i)`
     (rollout worker) / `options("reference")` / `options("judge")` give the Ray `.options(...)` kwargs ({} where no
@@ -249,10 +256,7 @@ class GpuPlacement:
         """Environment for the judge's engine: with tensor parallel T > 1, vLLM's Ray executor starts its T workers
         on bundles 0 .. T-1 with the judge's share each (the judge actor, holding no GPU, must not pass Ray's empty
         CUDA_VISIBLE_DEVICES on to them); {} for a judge on one GPU."""
-        if self.judge_tp == 1:
-            return {}
-        return {"VLLM_RAY_BUNDLE_INDICES": ",".join(map(str, range(self.judge_tp))),
-                "VLLM_RAY_PER_WORKER_GPUS": str(self.judge_share), "CUDA_VISIBLE_DEVICES": None}
+        return {} if self.judge_tp == 1 else _spanning_env(range(self.judge_tp), self.judge_share)
 
     def worker_options(self, i: int) -> dict:
         """Rollout worker i runs on the group's GPU i // engines_per_gpu (colocated: trainer rank i // k's); with
@@ -274,9 +278,7 @@ class GpuPlacement:
             return {"CUDA_VISIBLE_DEVICES": None}
         if self.pg is None or self.tp == 1:
             return {}
-        bundles = range(i * self.tp, (i + 1) * self.tp)
-        return {"VLLM_RAY_BUNDLE_INDICES": ",".join(map(str, bundles)), "VLLM_RAY_PER_WORKER_GPUS": str(self.gpu_share),
-                "CUDA_VISIBLE_DEVICES": None}
+        return _spanning_env(range(i * self.tp, (i + 1) * self.tp), self.gpu_share)
 
     def remove(self) -> None:
         if self.pg is not None:

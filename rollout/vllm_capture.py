@@ -61,7 +61,7 @@ class SamplerCapture:
         self.error: str | None = None
         self.buffer_ids = 0  # capacity of the kept-id buffer; 0 = logprobs only
         self.buffer: KeptIdBuffer | None = None
-        self.flush_every = FLUSH_EVERY
+        self.ids_per_row: float | None = None  # kept ids per row in the last flushed window (None: not measured)
         self.flush_seconds = 0.0  # time spent in flush() since start (it blocks vLLM's step loop)
         self.record_seconds = 0.0  # CPU time spent recording rows since start (per decode step, flushes excluded)
         self.steps = 0  # sampler calls recorded since start
@@ -107,10 +107,7 @@ class SamplerCapture:
         ids (allocated once, at the first start that needs it). `profile`: also time the GPU reduction."""
         self._reset()
         self.buffer_ids = max(int(buffer_ids), 0)
-        # with kept sets, the first step is flushed alone: it measures the ids a row before a long window can
-        # overflow the buffer (a flat distribution keeps ~100k ids a row: 64 steps of them would cut most sets)
-        self.flush_every = 1 if self.buffer_ids else FLUSH_EVERY
-        self.ids_per_row: float | None = None  # kept ids per row in the last flushed window
+        self.ids_per_row = None
         self.flush_seconds = self.record_seconds = self.launch_seconds = self.sampler_seconds = 0.0
         self.steps = 0
         self.profile, self._events = bool(profile), []
@@ -168,11 +165,16 @@ class SamplerCapture:
         self._meta.append((req_ids, index, floor, keep))
         rows = sampled.numel()
         self._window_rows += rows
-        # the next step, as large as this one, could take the buffer past half full at the last measure: flush now
-        # (rows, not steps: the batch may still be growing, requests joining it)
         per_row = self.ids_per_row
-        full = per_row is not None and (self._window_rows + rows) * per_row > self.buffer.capacity / 2
-        if len(self._gpu) >= self.flush_every or full:
+        if self.buffer_ids and per_row is None:
+            # with kept sets, the first step is flushed alone: it measures the ids a row before a long window can
+            # overflow the buffer (a flat distribution keeps ~100k ids a row: 64 steps of them would cut most sets)
+            full = True
+        else:
+            # the next step, as large as this one, could take the buffer past half full at the last measure (rows,
+            # not steps: the batch may still be growing, requests joining it)
+            full = per_row is not None and (self._window_rows + rows) * per_row > self.buffer.capacity / 2
+        if len(self._gpu) >= FLUSH_EVERY or full:
             self.flush()
 
     def flush(self) -> None:
@@ -187,7 +189,6 @@ class SamplerCapture:
             chunk["start"] = torch.cat([g[3] for g in self._gpu]).cpu().numpy()
             chunk["flat"], asked = self.buffer.drain()
             self.ids_per_row = asked / max(len(tok), 1)  # `_record` flushes before the buffer is half full
-            self.flush_every = FLUSH_EVERY
         index = [m[1] for m in self._meta]  # V1: numpy per step; V2: GPU tensors, read back in one copy
         index = torch.cat(index).cpu().numpy() if self.v2 else np.concatenate(index)
         keep = np.concatenate([m[3] for m in self._meta])

@@ -12,7 +12,7 @@ tokens). No system message is given, so both trainers render SmolLM2's chat temp
 
 Runs:
 - ours: `python -m launch.sft +experiment=sft` with model.path=<the HF dir>, algorithm.dataset.path=<the jsonl>,
-  `--samples-per-step` conversations per step (one optimizer step: trainer.mini_batches=1), packed micro-batches cut
+  a step of TRL's packed blocks (below; one optimizer step: trainer.mini_batches=1), packed micro-batches cut
   by a token budget (trainer.micro_batch_size=auto, trainer.micro_batch_tokens=--max-length,
   trainer.pack_sequences=true), algorithm.max_tokens=--max-length, trainer.device/num_gpus for one GPU, no W&B, no
   progress bar, trainer.save_every=0 (its checkpoint at the last step is written after that step's timing). Nothing
@@ -31,11 +31,14 @@ What is matched:
 - packing on both, no padding, position ids restarting per conversation, attention within each conversation:
   ours packs a micro-batch's conversations into one row; TRL packs with `packing=True, packing_strategy="bfd"`
   (padding-free, one block of `max_length` per micro-batch: per_device_train_batch_size=1).
-- conversations per optimizer step: TRL's blocks per step (gradient_accumulation_steps) are those that hold
-  `--samples-per-step` conversations on average (the blocks counted by TRL's own tokenisation and BFD packing of the
-  data, `trl_blocks`), and ours' algorithm.samples_per_step is then set to what that many blocks hold on average, so
-  both steps hold the same number of conversations on average (ours exactly, TRL's varying from block to block; the
-  table shows the conversations each trained). Both take the per-token mean loss over the whole step.
+- step size: TRL's blocks per step (gradient_accumulation_steps) are those that hold `--samples-per-step`
+  conversations on average (the blocks counted by TRL's own tokenisation and BFD packing of the data,
+  `trl_blocks`). Ours (`--ours-step tokens`, the default) trains the same number of packed rows of `--max-length`
+  tokens a step: algorithm.step_tokens = blocks x --max-length, its conversations chosen best-fit, longest first,
+  from the next rows in order (the others wait for a later step), as TRL's BFD packs its blocks from the whole
+  dataset. `--ours-step count` (the runs before 2026-11-27): ours' algorithm.samples_per_step is what that many
+  blocks hold on average, a fixed count that sometimes spills into one more micro-batch. The table shows the
+  conversations each trained. Both take the per-token mean loss over the whole step.
 - optimizer: AdamW, the same lr (constant, no warm-up), betas (0.9, 0.999), eps 1e-8, weight decay 0, gradient
   clip 1.0.
 - precision: bf16 compute with float32 master weights on both (ours: bf16 model under DeepSpeed bf16, ZeRO-2, which
@@ -56,8 +59,8 @@ What is not matched: each trainer's own optimizer implementation (ours: torch Ad
 float32 partition; TRL: transformers' default for torch >= 2.8, `adamw_torch_fused`), data pipeline (ours renders
 and tokenises the next step's conversations in the driver on a thread while this step trains; the wait for them,
 `time/data`, is counted in its time; TRL tokenises and packs all of them before training, not counted), micro-batches
-(ours: a fixed number of conversations per step, cut into as few packed rows of <= `--max-length` tokens as hold
-them; TRL: a fixed number of packed blocks, each of a varying number of conversations), loss kernel (ours: the
+(both: a fixed number of packed rows of <= `--max-length` tokens; ours fills them from a window of the next
+conversations in order, TRL from the whole dataset), loss kernel (ours: the
 chunked logprob head, which also computes the full-vocabulary entropy; TRL: its fused LM head, which computes the
 entropy and top-1 accuracy), and the rest of each one's machinery (ours: a Ray actor, DeepSpeed ZeRO-2 on one rank).
 
@@ -227,7 +230,9 @@ def ours_command(args, model_path: str, data: Path, run_dir: Path) -> list[str]:
             f"model.path={model_path}", f"model.dtype={'bfloat16' if cuda else 'float32'}",
             f"model.attn_implementation={args.attn}",
             f"algorithm.dataset.path={data}", "algorithm.dataset.columns={messages: messages}",
-            f"algorithm.samples_per_step={args.samples_per_step}", f"algorithm.max_tokens={args.max_length}",
+            *(["algorithm.samples_per_step=null", f"algorithm.step_tokens={args.accum * args.max_length}"]
+              if args.ours_step == "tokens" else [f"algorithm.samples_per_step={args.samples_per_step}"]),
+            f"algorithm.max_tokens={args.max_length}",
             f"trainer.total_steps={args.steps}", "trainer.mini_batches=1", f"trainer.lr={args.lr}",
             "trainer.warmup_steps=0", "trainer.weight_decay=0.0", "trainer.grad_clip=1.0",
             "trainer.micro_batch_size=auto", f"trainer.micro_batch_tokens={args.max_length}",
@@ -363,9 +368,10 @@ def ours_rows(run_dir: Path) -> list[dict]:
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.load(run_dir / "config.yaml")
-    samples_per_step, profiled = int(cfg.algorithm.samples_per_step), int(cfg.trainer.get("profile_step") or 0)
+    profiled = int(cfg.trainer.get("profile_step") or 0)
     return [{"step": r["step"], "seconds": r["time/step"], "loss_tokens": r["sft/tokens"],
-             "sequences": samples_per_step, "loss": r["loss/sft"], "untimed": r["step"] == profiled}
+             "sequences": int(r.get("sft/conversations", cfg.algorithm.get("samples_per_step") or 0)), "loss": r["loss/sft"],
+             "untimed": r["step"] == profiled}
             for r in read_jsonl(run_dir / "metrics.jsonl")]
 
 
@@ -420,6 +426,9 @@ def main() -> None:
                     help="torch.compile on both (ours trainer.compile, TRL torch_compile)")
     ap.add_argument("--override", nargs="*", default=[],
                     help="more Hydra overrides for our run, e.g. trainer.profile_step=10 (last, so they win)")
+    ap.add_argument("--ours-step", choices=["tokens", "count"], default="tokens",
+                    help="tokens: ours' steps are TRL's packed blocks (algorithm.step_tokens = blocks x --max-length); "
+                         "count: a fixed count of conversations, what TRL's blocks hold on average")
     ap.add_argument("--only", nargs="+", default=["ours", "trl"], choices=["ours", "trl"])
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     ap.add_argument("--report", action="store_true", help="print the table of what --out holds, run nothing")
@@ -449,7 +458,7 @@ def main() -> None:
         model_path = args.model_path or resolve_model_path("embedded:tiny-dense" if args.tiny else SMOLLM2)
         data = out / "data.jsonl"
         rows = write_data(data, args.n, args.seed)
-        matched = match_step_sizes(args, model_path, rows) if "trl" in args.only else "TRL not run"
+        matched = match_step_sizes(args, model_path, rows)
         print(f"model {model_path} ({time.perf_counter() - t0:.0f} s to resolve), attention {args.attn}, device "
               f"{args.device}\ndata {data}: {args.n} conversations; {length_stats(model_path, rows)}\n"
               f"{matched}\n"

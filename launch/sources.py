@@ -229,10 +229,11 @@ class DrawnRows:
 
 
 class DatasetSource:
-    """SFT: each step the next `algorithm.samples_per_step` conversations (rl/sft_data.py), rendered and tokenised
-    as they are drawn. The next step's are drawn on a thread while this step trains (the driver only waits on the
-    trainer meanwhile), so `time/data` is the wait for them, not the rendering (~0.06 s a step of SmolLM2 on an
-    H100 host: ~6% of the step). Checkpoints and metrics keep the position after the step's own rows."""
+    """SFT: each step the next `algorithm.samples_per_step` conversations (rl/sft_data.py), or with
+    `algorithm.step_tokens` as many as fill the step's packed rows, rendered and tokenised as they are drawn. The
+    next step's are drawn on a thread while this step trains (the driver only waits on the trainer meanwhile), so
+    `time/data` is the wait for them, not the rendering (~0.06 s a step of SmolLM2 on an H100 host: ~6% of the step).
+    Checkpoints and metrics keep the position after the step's own rows."""
 
     domains: list[str] = []
 
@@ -240,7 +241,10 @@ class DatasetSource:
         a = cfg["algorithm"]
         self.data = ConversationDataset(load_conversations(a["dataset"]), tokenizer, seed=cfg["seed"],
                                         max_tokens=a["max_tokens"], chat_template_kwargs=a.get("chat_template_kwargs"))
-        self.n = int(a["samples_per_step"])
+        self.n = a.get("samples_per_step")
+        # algorithm.step_tokens: a step is as many conversations as fill its packed rows (micro-batches), not n
+        self.rows = int(a["step_tokens"]) // int(cfg["trainer"]["micro_batch_tokens"]) if a.get("step_tokens") else 0
+        self.row_tokens = int(cfg["trainer"]["micro_batch_tokens"] or 0)
         self.total, self.drawn, self.next = 0, None, None
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="sft-data")
 
@@ -248,7 +252,10 @@ class DatasetSource:
         self.total = total
 
     def _draw(self) -> DrawnRows:
-        trajs = self.data.next_batch(self.n)
+        if self.rows:
+            trajs = self.data.next_packed(self.rows, self.row_tokens)
+        else:
+            trajs = self.data.next_batch(int(self.n))
         return DrawnRows(trajs, self.data.state_dict(), self.data.epoch, self.data.truncated)
 
     def take(self, step: int, times: dict) -> StepSamples:
@@ -259,7 +266,13 @@ class DatasetSource:
 
     def after_update(self, step: int, times: dict) -> dict:
         """Where the data stands: epochs drawn (fractional), conversations cut at algorithm.max_tokens so far."""
-        return {"sft/epoch": self.drawn.epoch, "sft/truncated": float(self.drawn.truncated)}
+        out = {"sft/epoch": self.drawn.epoch, "sft/truncated": float(self.drawn.truncated),
+               "sft/conversations": float(len(self.drawn.trajs))}
+        if self.rows:
+            tokens = sum(t.num_tokens for t in self.drawn.trajs)
+            out.update({"sft/row_fill": tokens / (self.rows * self.row_tokens),
+                        "sft/held_over": float(len(self.drawn.state["carry"]))})
+        return out
 
     def step_metrics(self, step: int, times: dict) -> dict:
         return {"step": step, **times}

@@ -68,15 +68,9 @@ def micro_batches(trajs: list[Trajectory], n: int, layout: str | None = None,
 def _best_fit(order: list[int], size: list[int], n: int, capacity: int) -> list[list[int]] | None:
     """Best-fit decreasing: each sample (longest first) into the fullest of `n` bins it still fits; None when one
     fits none."""
-    bins: list[list[int]] = [[] for _ in range(n)]
-    room = [capacity] * n
-    for i in order:
-        fits = [k for k in range(n) if room[k] >= size[i]]
-        if not fits:
-            return None
-        b = min(fits, key=lambda k: room[k])
-        bins[b].append(i)
-        room[b] -= size[i]
+    bins, left_out = _fit(order, size, n, capacity)
+    if left_out:
+        return None
     # still n micro-batches where there are n samples (every rank runs the count the ranks agreed on): a sample of
     # the fullest bin moves into each empty one, which has all its room
     for empty in [k for k in range(n) if not bins[k]]:
@@ -85,6 +79,33 @@ def _best_fit(order: list[int], size: list[int], n: int, capacity: int) -> list[
             break
         bins[empty].append(bins[donor].pop())
     return bins
+
+
+def _fit(order: list[int], size: list[int], n: int, capacity: int) -> tuple[list[list[int]], list[int]]:
+    """Items in `order`, each into the fullest of `n` bins of `capacity` it still fits: (the bins, the items that
+    fit none)."""
+    bins: list[list[int]] = [[] for _ in range(n)]
+    room = [capacity] * n
+    left_out = []
+    for i in order:
+        fits = [k for k in range(n) if room[k] >= size[i]]
+        if not fits:
+            left_out.append(i)
+            continue
+        b = min(fits, key=lambda k: room[k])
+        bins[b].append(i)
+        room[b] -= size[i]
+    return bins, left_out
+
+
+def fill_rows(sizes: list[int], n: int, capacity: int) -> list[int]:
+    """Which of these items fill `n` packed rows of `capacity` tokens: best-fit decreasing, the items that fit no
+    row left out (returned in their given order). The items kept are exactly those `micro_batches(kept, n,
+    "packed", capacity)` fits into n micro-batches of the budget: it packs them by the same rule, and items of
+    equal size are interchangeable, whatever order they come in."""
+    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+    bins, _ = _fit(order, sizes, n, capacity)
+    return sorted(i for b in bins for i in b)
 
 
 def micro_batch_count(trajs: list[Trajectory], max_tokens: int, layout: str) -> int:
@@ -103,9 +124,12 @@ def micro_batch_count(trajs: list[Trajectory], max_tokens: int, layout: str) -> 
 
 def step_samples(cfg: Mapping) -> int:
     """Samples of one step: data.prompts_per_step x rollout.n_samples from rollouts, algorithm.samples_per_step rows
-    from a dataset (SFT)."""
+    from a dataset (SFT), or with algorithm.step_tokens the packed rows (micro-batches) that many tokens fill."""
     if trains_on_dataset(cfg):
-        return int(cfg["algorithm"]["samples_per_step"])
+        a = cfg["algorithm"]
+        if a.get("step_tokens"):  # a step of packed rows, not of a fixed count: its rows stand for the samples
+            return int(a["step_tokens"]) // int(cfg["trainer"]["micro_batch_tokens"])
+        return int(a["samples_per_step"])
     return int(cfg["data"]["prompts_per_step"]) * int(cfg["rollout"]["n_samples"])
 
 

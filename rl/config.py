@@ -146,13 +146,36 @@ def trains_on_dataset(cfg: Mapping) -> bool:
     return (cfg.get("algorithm") or {}).get("dataset") is not None
 
 
-def validate_sft(a: Mapping) -> None:
+def validate_sft(a: Mapping, t: Mapping) -> None:
     """`algorithm=sft` (conf/algorithm/sft.yaml): the dataset of chat rows and the step's size."""
-    check_number(a, "samples_per_step", "algorithm", lo=1, integer=True)
     check_number(a, "max_tokens", "algorithm", lo=2, integer=True)
+    if a.get("step_tokens") is None:
+        check_number(a, "samples_per_step", "algorithm", lo=1, integer=True)
+    else:
+        validate_step_tokens(a, t)
     _validate_dataset(a["dataset"], "algorithm.dataset", required="messages")
     if a.get("chat_template_kwargs") is not None and not isinstance(a["chat_template_kwargs"], Mapping):
         raise ConfigError("algorithm.chat_template_kwargs must be a mapping (e.g. {enable_thinking: true})")
+
+
+def validate_step_tokens(a: Mapping, t: Mapping) -> None:
+    """algorithm.step_tokens: a step of packed rows of trainer.micro_batch_tokens tokens (TRL's packed blocks)."""
+    if a.get("samples_per_step") is not None:
+        raise ConfigError("algorithm.step_tokens and algorithm.samples_per_step both set: a step is either a count "
+                          "of conversations or the conversations that fill step_tokens; set the other to null")
+    steps = check_number(a, "step_tokens", "algorithm", lo=1, integer=True)
+    if t.get("micro_batch_size") != "auto" or not t.get("pack_sequences") or not t.get("micro_batch_tokens"):
+        raise ConfigError("algorithm.step_tokens packs a step's conversations into rows of trainer.micro_batch_tokens "
+                          "tokens: it needs trainer.micro_batch_size=auto, trainer.pack_sequences=true and "
+                          f"trainer.micro_batch_tokens set (they are {t.get('micro_batch_size')}, "
+                          f"{t.get('pack_sequences')}, {t.get('micro_batch_tokens')})")
+    row = int(t["micro_batch_tokens"])
+    if steps % row:
+        raise ConfigError(f"algorithm.step_tokens={steps} must be a multiple of trainer.micro_batch_tokens={row}: "
+                          "the step is that many packed rows")
+    if int(a["max_tokens"]) > row:
+        raise ConfigError(f"algorithm.max_tokens={a['max_tokens']} is over trainer.micro_batch_tokens={row}: with "
+                          "algorithm.step_tokens every conversation must fit one packed row")
 
 
 def validate(cfg: Mapping) -> None:
@@ -217,7 +240,7 @@ def validate(cfg: Mapping) -> None:
             raise ConfigError("trainer.offload_optimizer=cpu needs trainer.zero_stage >= 1 (DeepSpeed offloads the "
                               "optimizer state ZeRO partitions)")
     if dataset:
-        validate_sft(a)
+        validate_sft(a, t)
     else:
         check_number(a, "clip_eps_low", "algorithm", lo=0, hi=1)
         check_number(a, "clip_eps_high", "algorithm", lo=0)
@@ -238,6 +261,8 @@ def validate(cfg: Mapping) -> None:
     if "worker_logs" in cfg["logger"]:
         check_choice(cfg["logger"], "worker_logs", "logger", {"file", "console"})
     validate_eval(cfg.get("eval") or {})
+    if dataset and a.get("step_tokens") is not None:
+        return  # a step's count of conversations varies; split_even cuts it over the shards
     samples = a["samples_per_step"] if dataset else data["prompts_per_step"] * r["n_samples"]
     where = "algorithm.samples_per_step" if dataset else "data.prompts_per_step * rollout.n_samples"
     shards = t["mini_batches"] * t["num_processes"]

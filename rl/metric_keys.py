@@ -155,6 +155,9 @@ KEYS: list[tuple[str, str, str]] = [
     ("sft/tokens", "SFT", "loss tokens (assistant tokens) of the step"),
     ("sft/epoch", "SFT", "epochs of the dataset drawn so far (fractional)"),
     ("sft/truncated", "SFT", "conversations cut at algorithm.max_tokens so far"),
+    ("sft/conversations", "SFT", "conversations trained in the step"),
+    ("sft/row_fill", "SFT", "algorithm.step_tokens: the share of the step's packed rows its tokens fill"),
+    ("sft/held_over", "SFT", "algorithm.step_tokens: drawn conversations that fit no row yet, kept for a later step"),
     ("time/data", "SFT", "seconds waiting for the step's conversations (drawn, rendered and tokenised on a thread "
                          "while the previous step trained; a run's first step draws its own)"),
     ("distill/reverse_kl", DISTILL, "mean over the loss tokens of the domains with a teacher of log pi_old - log "

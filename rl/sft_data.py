@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from rl.batching import fill_rows
 from rl.config import ConfigError
 from rl.data import BUNDLED_DIR, load_domain_rows
 from rl.trajectory import Trajectory
@@ -173,15 +174,18 @@ def render_conversation(tokenizer, messages: list[dict], tools: list | None = No
 
 # -- the dataset source's rows, step by step ------------------------------------------------------------------------
 class ConversationDataset:
-    """`n` conversations per step in a per-epoch shuffled order (seeded), epoch after epoch. Each drawn row is
-    rendered and tokenised when drawn, cut to `max_tokens` (counted in `truncated`); a row left with no assistant
-    token is skipped (`skipped`). The cursor is checkpointed, so a resumed run draws exactly the rows it would have."""
+    """Conversations in a per-epoch shuffled order (seeded), epoch after epoch: `n` a step (`next_batch`), or as
+    many as fill a step's packed rows (`next_packed`). Each drawn row is rendered and tokenised when drawn, cut to
+    `max_tokens` (counted in `truncated`); a row left with no assistant token is skipped (`skipped`). The cursor
+    (and the rows held over for a later step) are checkpointed, so a resumed run draws exactly the rows it would
+    have."""
 
     def __init__(self, rows: list[dict], tokenizer, *, seed: int, max_tokens: int,
                  chat_template_kwargs: Mapping | None = None, key: str = "algorithm.dataset"):
         self.rows, self.tokenizer, self.seed, self.max_tokens = rows, tokenizer, int(seed), int(max_tokens)
         self.template_kwargs, self.key = dict(chat_template_kwargs or {}), key
         self.cursor = [0, 0]  # [epoch, position in the epoch's order]
+        self.carry: list[Trajectory] = []  # next_packed: drawn rows that fit no packed row of their step
         self.truncated = self.skipped = 0
         self._orders: tuple[int, np.ndarray] | None = None
         self.sample(0, 0)  # the first row renders, or the run stops before anything starts
@@ -238,25 +242,38 @@ class ConversationDataset:
         return self._orders[1]
 
     def next_batch(self, n: int) -> list[Trajectory]:
-        batch: list[Trajectory] = []
-        misses = 0
-        while len(batch) < n:
+        return [self._next_row() for _ in range(n)]
+
+    def next_packed(self, rows: int, row_tokens: int) -> list[Trajectory]:
+        """The conversations of one step of `rows` packed rows of `row_tokens` tokens (algorithm.step_tokens): the
+        rows held over from the last step, then the next ones, until they hold a step's tokens; of those, the ones
+        that fill the rows (best-fit decreasing, `rl.batching.fill_rows`, the trainer's own packing). The others
+        wait for a later step (longest first: a row waits while longer ones and shorter gap-fillers take the room)
+        and are checkpointed with the cursor: none is lost or drawn twice."""
+        buffer, self.carry = self.carry, []
+        total = sum(t.num_tokens for t in buffer)
+        while total < rows * row_tokens:
+            buffer.append(self._next_row())
+            total += buffer[-1].num_tokens
+            if buffer[-1].num_tokens > row_tokens:  # rl.config.validate_step_tokens refuses such a config
+                raise ConfigError(f"{self.key}: a conversation of {buffer[-1].num_tokens} tokens fits no packed row "
+                                  f"of {row_tokens}: algorithm.max_tokens must be <= trainer.micro_batch_tokens")
+        kept = set(fill_rows([t.num_tokens for t in buffer], rows, row_tokens))
+        self.carry = [t for i, t in enumerate(buffer) if i not in kept]
+        return [t for i, t in enumerate(buffer) if i in kept]
+
+    def _next_row(self) -> Trajectory:
+        for _ in range(len(self.rows) + 1):
             epoch, pos = self.cursor
             index = int(self._order(epoch)[pos])
             self.cursor = [epoch, pos + 1] if pos + 1 < len(self.rows) else [epoch + 1, 0]
             t = self.sample(index, epoch)
             if t is not None:
-                batch.append(t)
-                misses = 0
-                continue
+                return t
             self.skipped += 1
-            misses += 1
             log.warning("%s: row %d has no assistant token within algorithm.max_tokens=%d, skipped", self.key, index,
                         self.max_tokens)
-            if misses > len(self.rows):
-                raise ConfigError(f"{self.key}: no row has an assistant token within algorithm.max_tokens="
-                                  f"{self.max_tokens}")
-        return batch
+        raise ConfigError(f"{self.key}: no row has an assistant token within algorithm.max_tokens={self.max_tokens}")
 
     @property
     def epoch(self) -> float:
@@ -264,8 +281,12 @@ class ConversationDataset:
         return self.cursor[0] + self.cursor[1] / len(self.rows)
 
     def state_dict(self) -> dict:
-        return {"cursor": list(self.cursor), "truncated": self.truncated, "skipped": self.skipped}
+        carry = [[t.sample["index"], t.sample["epoch"]] for t in self.carry]
+        return {"cursor": list(self.cursor), "truncated": self.truncated, "skipped": self.skipped, "carry": carry}
 
     def load_state_dict(self, state: Mapping) -> None:
         self.cursor = [int(state["cursor"][0]), int(state["cursor"][1])]
+        # the held-over rows rendered again; they were counted in truncated when first drawn
+        carry = [self.sample(int(index), int(epoch)) for index, epoch in state.get("carry", [])]
+        self.carry = [t for t in carry if t is not None]  # None: algorithm.max_tokens changed since the checkpoint
         self.truncated, self.skipped = int(state.get("truncated", 0)), int(state.get("skipped", 0))

@@ -57,3 +57,39 @@ def test_micro_batch_count_is_the_fewest_under_the_token_budget():
 
     assert _best_fit([0, 1], [5, 5], 2, 10) == [[0], [1]]  # as many micro-batches as asked, none left empty
     assert micro_batch_count(trajs, 10, "padded") == len(trajs)  # nothing fits: one sample per micro-batch
+
+
+def test_fill_rows_keeps_what_the_trainers_packing_fits_into_the_rows():
+    """algorithm.step_tokens: the conversations `fill_rows` keeps always pack, by `micro_batches`' own rule and in
+    any order, into the asked rows of the budget (so the step runs exactly that many micro-batches); it leaves out
+    only what fits no row, and fills the rows nearly full on lengths like SFT data's."""
+    import numpy as np
+
+    from rl.batching import fill_rows, micro_batch_count
+    from rl.memory import micro_batch_tokens
+    from rl.trajectory import Trajectory
+
+    rng = np.random.default_rng(0)
+    fills = []
+    for trial in range(200):
+        rows, cap = int(rng.integers(1, 7)), int(rng.choice([64, 512, 4096]))
+        sizes = [int(x) for x in rng.integers(2, cap + 1, size=int(rng.integers(1, 60)))]
+        if trial % 2:  # SFT-like: many conversations a fraction of a row long, a step's worth and one more
+            sizes = []
+            while sum(sizes) < rows * cap:
+                sizes.append(int(rng.integers(max(2, cap // 30), cap // 8 + 3)))
+        kept = fill_rows(sizes, rows, cap)
+        assert kept == sorted(set(kept)) and all(0 <= i < len(sizes) for i in kept)
+        trajs = [Trajectory(uid=str(i), group_id="g", domain="d", prompt_ids=[1], response_ids=[2] * (sizes[i] - 1),
+                            inference_logprobs=None) for i in kept]
+        for order in (trajs, [trajs[i] for i in rng.permutation(len(trajs))]):
+            parts = micro_batches(order, rows, "packed", max_tokens=cap)
+            assert len(parts) <= rows and max(micro_batch_tokens(p, True) for p in parts) <= cap, (trial, sizes)
+            assert micro_batch_count(order, cap, "packed") <= rows
+        room = rows * cap - sum(sizes[i] for i in kept)
+        if sum(sizes) <= cap:  # everything fits one row: nothing waits
+            assert kept == list(range(len(sizes)))
+        if trial % 2:
+            fills.append(1 - room / (rows * cap))
+    assert min(fills) > 0.85 and np.mean(fills) > 0.97, (min(fills), np.mean(fills))
+    assert fill_rows([10, 10, 10], 1, 25) == [0, 1] and fill_rows([30, 5], 2, 25) == [1]

@@ -286,6 +286,46 @@ def test_the_dataset_order_is_seeded_by_epoch_and_resumes_from_its_state(tiny_mo
     assert draw(ConversationDataset(rows, tok, seed=4, max_tokens=4096), 1) != straight[:1]
 
 
+def test_packed_steps_train_every_row_once_and_resume_with_the_rows_held_over(tiny_moe_path):
+    """algorithm.step_tokens: each step's conversations fill its packed rows (never over the budget); a row that fits
+    none waits for the next step, so over the run every row is trained once an epoch, none lost or twice; a
+    checkpoint holds the waiting rows, and a resumed run draws exactly the steps a straight run does."""
+    from rl.batching import micro_batch_count
+
+    tok = load_tokenizer(tiny_moe_path)
+    rows = load_conversations(BUNDLED)
+    sizes = [ConversationDataset([r], tok, seed=0, max_tokens=4096).next_batch(1)[0].num_tokens for r in rows]
+    n_rows, cap = 2, max(sizes) + 40  # a few conversations a row: some must wait
+
+    def draw(ds, steps):
+        out = []
+        for _ in range(steps):
+            step = ds.next_packed(n_rows, cap)
+            assert micro_batch_count(step, cap, "packed") <= n_rows
+            out.append([t.uid for t in step])
+        return out
+
+    a = ConversationDataset(rows, tok, seed=3, max_tokens=4096)
+    straight = draw(a, 40)
+    flat = [u for b in straight for u in b]
+    assert len(flat) == len(set(flat))  # no row twice
+    epoch0 = [u for u in flat if u.endswith("-e0")]
+    assert sorted(int(u.split("-")[1]) for u in epoch0) == list(range(len(rows)))  # every row of epoch 0, once
+    b = ConversationDataset(rows, tok, seed=3, max_tokens=4096)
+    waits = []
+    for _ in range(20):
+        draw(b, 1)
+        waits.append(len(b.state_dict()["carry"]))
+    k = max(i for i, w in enumerate(waits) if w)  # resume after a step that left rows waiting (fails if none did)
+    c = ConversationDataset(rows, tok, seed=3, max_tokens=4096)
+    draw(c, k + 1)
+    state = json.loads(json.dumps(c.state_dict()))
+    assert state["carry"]
+    d = ConversationDataset(rows, tok, seed=3, max_tokens=4096)
+    d.load_state_dict(state)
+    assert draw(d, 40 - k - 1) == straight[k + 1:]
+
+
 def test_long_conversations_are_cut_and_rows_without_assistant_tokens_skipped(tiny_moe_path):
     tok = load_tokenizer(tiny_moe_path)
     long_row = {"messages": [{"role": "user", "content": "hi " * 200}, {"role": "assistant", "content": "yes"}]}
@@ -324,6 +364,18 @@ def test_sft_config_and_its_refusals():
         check_config(compose(["+experiment=sft", "algorithm.samples_per_step=10", "trainer.mini_batches=4"]))
     with pytest.raises(ConfigError, match=r"algorithm\.dataset\.columns must map at least `messages`"):
         check_config(compose(["+experiment=sft", "~algorithm.dataset.columns.messages"]))
+    packed = ["+experiment=sft", "algorithm.samples_per_step=null", "algorithm.step_tokens=8192"]
+    cfg = compose(packed)
+    check_config(cfg)
+    assert step_samples(cfg) == 4  # 8192 tokens in rows of trainer.micro_batch_tokens=2048
+    with pytest.raises(ConfigError, match=r"step_tokens and algorithm\.samples_per_step both set"):
+        check_config(compose(["+experiment=sft", "algorithm.step_tokens=8192"]))
+    with pytest.raises(ConfigError, match=r"step_tokens=5000 must be a multiple of trainer\.micro_batch_tokens=2048"):
+        check_config(compose([*packed, "algorithm.step_tokens=5000"]))
+    with pytest.raises(ConfigError, match=r"needs trainer\.micro_batch_size=auto, trainer\.pack_sequences=true"):
+        check_config(compose([*packed, "trainer.pack_sequences=false"]))
+    with pytest.raises(ConfigError, match=r"max_tokens=4096 is over trainer\.micro_batch_tokens=2048"):
+        check_config(compose([*packed, "algorithm.max_tokens=4096"]))
     assert with_sft(["+experiment=sft"]) == ["algorithm=sft", "+experiment=sft"]
     assert with_sft(["algorithm=grpo", "x=1"]) == ["algorithm=grpo", "x=1"]
 
@@ -369,7 +421,27 @@ def test_launch_sft_learns_checkpoints_and_resumes_on_the_same_data(tmp_path):
         assert abs(a["loss/sft"] - b["loss/sft"]) < 1e-6 and a["sft/tokens"] == b["sft/tokens"], a["step"]
     state = lambda run: json.loads((run / "checkpoints" / "step_000004" / "state.json").read_text())  # noqa: E731
     assert state(tmp_path / "a") == state(tmp_path / "b") == {"step": 4, "data": {"cursor": [1, 0], "truncated": 0,
-                                                                                  "skipped": 0}}
+                                                                                  "skipped": 0, "carry": []}}
+
+
+@pytest.mark.slow
+def test_launch_sft_with_packed_steps_runs_their_rows_and_resumes_with_the_rows_held_over(tmp_path):
+    """`launch.sft` with algorithm.step_tokens: every step runs exactly step_tokens / micro_batch_tokens
+    micro-batches, filled near full; a run cut after step 2 (rows held over in its checkpoint) and resumed trains
+    step 3 on the same conversations as a straight run."""
+    common = ["algorithm.samples_per_step=null", "algorithm.step_tokens=4096", "trainer.micro_batch_tokens=1024",
+              "algorithm.max_tokens=1024", "trainer.save_every=2"]
+    straight = _launch_sft(tmp_path / "a", *common, "trainer.total_steps=3")
+    for r in straight:
+        assert r["perf/micro_batches"] == 4 and 0.9 < r["sft/row_fill"] <= 1, r
+    assert len({r["sft/conversations"] for r in straight}) > 1  # the count follows the rows, not a fixed number
+    state = json.loads((tmp_path / "a" / "checkpoints" / "step_000002" / "state.json").read_text())
+    assert state["data"]["carry"]  # the resume below starts with rows waiting
+    _launch_sft(tmp_path / "b", *common, "trainer.total_steps=2")
+    resumed = _launch_sft(tmp_path / "b", *common, "trainer.total_steps=3", "trainer.resume=auto")
+    a, b = straight[-1], resumed[-1]
+    assert b["step"] == 3 and abs(a["loss/sft"] - b["loss/sft"]) < 1e-6
+    assert (a["sft/tokens"], a["sft/conversations"]) == (b["sft/tokens"], b["sft/conversations"])
 
 
 def test_rows_with_the_sampled_token_ids_train_on_exactly_those(tiny_moe_path, tmp_path):

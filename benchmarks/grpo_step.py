@@ -13,7 +13,9 @@ instances there, as `smol_math` runs two colocated), the trainer (and reference)
 `rollout.max_staleness=1`, so the rollout of step n+1 (and its scoring) runs while step n trains; compared with ours
 (ours_compiled) on one GPU (a split run's median leaves out its last step, which has no next rollout to wait for);
 ours_dp2: the same batch data parallel over two GPUs, colocated (two trainer ranks, each with the bench's vLLM
-instances on its GPU, the reference partitioned over them: `trainer.ref_placement=sharded`), against ours.
+instances on its GPU, the reference partitioned over them: `trainer.ref_placement=sharded`), against ours;
+ours_dp2_weak: the same layout with twice the prompts a step, so each GPU has the one-GPU run's batch (how data
+parallelism is used to scale: its samples per second against ours', where ours_dp2 shows what a fixed batch gains).
 Both: bf16 with fp32 master weights, lr 2e-5, vLLM colocated (it sleeps while the trainer trains), the same
 prompts and math-verify reward. Ours runs `python -m launch.train +experiment=smol_math` with overrides (below);
 TRL runs through `benchmarks/learn_real.py --trl-child` with its own defaults otherwise (gradient checkpointing
@@ -21,7 +23,7 @@ on, its vLLM importance-sampling correction on). s/step is the median over steps
 and warm-up). Ours also prints its time per phase and `perf/mfu` (body FLOPs of the train phase, rl/flops.py).
 
     python benchmarks/grpo_step.py --out /tmp/grpo_step [--bench qwen06b smol] [--steps 6]
-        [--only ours ours_compiled trl ours_split ours_split_compiled ours_dp2 verl_defaults verl_best]
+        [--only ours ours_compiled trl ours_split ours_split_compiled ours_dp2 ours_dp2_weak verl_defaults verl_best]
 
 verl_defaults / verl_best run benchmarks/verl_peer.py's verl 0.9.1 on the same bench in the same --out, one after
 the other with the rest on this machine, and its rows print under ours and TRL's.
@@ -64,21 +66,31 @@ SPLIT = {
 }
 # ours_dp2: the same batch over two GPUs, data parallel and colocated: two trainer ranks, each with the bench's vLLM
 # instances on its GPU, the reference partitioned over the ranks (its forwards split too)
-def dp2(bench: str) -> dict:
-    workers = next(int(o.split("=")[1]) for o in BENCHES[bench]["ours"] + ["rollout.num_workers=2"]
-                   if o.startswith("rollout.num_workers="))  # smol_math's own: 2
-    return {"trainer.num_processes": "2", "rollout.num_workers": str(2 * workers), "trainer.ref_placement": "sharded"}
+def dp2(bench: str, scale: int = 1) -> dict:
+    """`scale`: the prompts a step times this (ours_dp2_weak: 2, each GPU the one-GPU run's batch)."""
+    workers = bench_value(bench, "rollout.num_workers", 2)  # smol_math's own: 2
+    keys = {"trainer.num_processes": "2", "rollout.num_workers": str(2 * workers), "trainer.ref_placement": "sharded"}
+    if scale != 1:
+        keys["data.prompts_per_step"] = str(scale * bench_value(bench, "data.prompts_per_step", 32))  # smol_math's: 32
+    return keys
+
+
+def bench_value(bench: str, key: str, default: int) -> int:
+    """An integer key of the bench's overrides, else `default` (what +experiment=smol_math sets)."""
+    return next((int(o.split("=")[1]) for o in BENCHES[bench]["ours"] if o.startswith(f"{key}=")), default)
 
 
 # ours_compiled: these keys on top of the bench's (one GPU, like ours)
 COMPILED = ["trainer.compile=true"]
 PHASES = ("rollout", "rollout_wait", "reward", "ref", "train", "sync")  # rollout_wait: split runs (max_staleness 1)
-RUNS = ("ours", "ours_compiled", "trl", "ours_split", "ours_split_compiled", "ours_dp2")
+RUNS = ("ours", "ours_compiled", "trl", "ours_split", "ours_split_compiled", "ours_dp2", "ours_dp2_weak")
+BATCH_SCALE = {"ours_dp2_weak": 2}  # the run's samples a step over ours' (its throughput counts them)
 # verl 0.9.1 at its defaults and its best setting (benchmarks/verl_peer.py, in the same --out: its rows print below)
 VERL_RUNS = {"verl_defaults": "defaults", "verl_best": "best"}
-TWO_GPUS = ("ours_split", "ours_split_compiled", "ours_dp2")
+TWO_GPUS = ("ours_split", "ours_split_compiled", "ours_dp2", "ours_dp2_weak")
 LABELS = {"ours": "colocated on 1 GPU", "ours_compiled": "colocated on 1 GPU, trainer.compile",
           "ours_dp2": "colocated on 2 GPUs, data parallel (a reference sharded over the ranks)",
+          "ours_dp2_weak": "colocated on 2 GPUs, data parallel, twice the prompts a step (each GPU ours' batch)",
           "ours_split": "split on 2 GPUs, max_staleness 1",
           "ours_split_compiled": "split on 2 GPUs, max_staleness 1, trainer.compile"}
 
@@ -119,7 +131,8 @@ def run_ours(bench: str, path: str, out: Path, steps: int, timeout: float, run_n
              extra: tuple[str, ...] = ()) -> Path:
     name = f"{bench}-{run_name}"
     overrides = (replaced(bench, SPLIT[bench]) if run_name.startswith("ours_split")
-                 else replaced(bench, dp2(bench)) if run_name == "ours_dp2" else BENCHES[bench]["ours"])
+                 else replaced(bench, dp2(bench, BATCH_SCALE.get(run_name, 1))) if run_name.startswith("ours_dp2")
+                 else BENCHES[bench]["ours"])
     if run_name.endswith("_compiled"):
         overrides = overrides + COMPILED
     overrides = overrides + list(extra)
@@ -154,7 +167,8 @@ def summarize(bench: str, out: Path, name: str = "ours") -> dict:
          "trl": med([r["seconds"] for r in trl[1:] if "seconds" in r])}
     if name in TWO_GPUS:
         one_gpu = summarize(bench, out, "ours_compiled" if name.endswith("_compiled") else "ours")["ours"]
-        s["speedup"] = one_gpu / s["ours"] if one_gpu and s["ours"] else None
+        # samples per second against the one-GPU run's (the same thing as its s/step ratio at the same batch)
+        s["speedup"] = BATCH_SCALE.get(name, 1) * one_gpu / s["ours"] if one_gpu and s["ours"] else None
     for ph in PHASES:
         s[ph] = med([r.get(f"time/{ph}", 0.0) or 0.0 for r in ours[1:]])
     s["mfu"] = med([r["perf/mfu"] for r in ours[1:] if r.get("perf/mfu") is not None])

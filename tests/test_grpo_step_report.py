@@ -46,6 +46,14 @@ def test_data_parallel_runs_are_layouts_the_run_accepts(grpo_step, bench, engine
     assert cfg["rollout"]["placement"] == "colocated" and cfg["trainer"]["num_processes"] == 2
     assert cfg["trainer"]["ref_placement"] == "sharded" and engines_per_gpu(cfg) == engines
     check_config(cfg)
+    weak = grpo_step.replaced(bench, grpo_step.dp2(bench, 2))  # ours_dp2_weak: each GPU the one-GPU run's batch
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        one = OmegaConf.to_container(compose(config_name="train", overrides=[
+            "+experiment=smol_math", "model.path=/nonexistent", *grpo_step.BENCHES[bench]["ours"]]), resolve=True)
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=[
+            "+experiment=smol_math", "model.path=/nonexistent", *weak]), resolve=True)
+    assert cfg["data"]["prompts_per_step"] == 2 * one["data"]["prompts_per_step"] and cfg["trainer"]["num_processes"] == 2
+    check_config(cfg)
 
 
 def _metrics(path: Path, steps: list[float]) -> None:
@@ -62,12 +70,15 @@ def test_split_throughput_is_against_the_one_gpu_run_with_the_same_trainer(grpo_
     _metrics(tmp_path / "smol-ours_split", [20.0, 0.9, 1.1, 0.3])
     _metrics(tmp_path / "smol-ours_split_compiled", [20.0, 0.7, 0.9, 0.3])
     _metrics(tmp_path / "smol-ours_dp2", [25.0, 1.1, 1.1, 1.1])
+    _metrics(tmp_path / "smol-ours_dp2_weak", [25.0, 2.2, 2.4, 2.2])  # twice the samples a step
     rows = {s["bench"]: s for s in grpo_step.summaries("smol", tmp_path)}
     assert rows["smol, colocated on 1 GPU"]["ours"] == 2.0  # median of steps 2.. (step 1 compiles and warms up)
     assert rows["smol, split on 2 GPUs, max_staleness 1"]["speedup"] == pytest.approx(2.0)
     assert rows["smol, split on 2 GPUs, max_staleness 1, trainer.compile"]["speedup"] == pytest.approx(2.0)
     # data parallel: every step counts (no step waits on a next rollout), against the eager one-GPU run
     assert rows["smol, colocated on 2 GPUs, data parallel (a reference sharded over the ranks)"]["speedup"] == pytest.approx(2.0 / 1.1)
+    # twice the batch: samples per second against the one-GPU run's, 2 x 2.0 / 2.2
+    assert rows["smol, colocated on 2 GPUs, data parallel, twice the prompts a step (each GPU ours' batch)"]["speedup"] == pytest.approx(4.0 / 2.2)
     assert "2.00x" in grpo_step.table(list(rows.values()))
 
 

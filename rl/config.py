@@ -164,7 +164,7 @@ def validate_step_tokens(a: Mapping, t: Mapping) -> None:
         raise ConfigError("algorithm.step_tokens and algorithm.samples_per_step both set: a step is either a count "
                           "of conversations or the conversations that fill step_tokens; set the other to null")
     steps = check_number(a, "step_tokens", "algorithm", lo=1, integer=True)
-    if t.get("micro_batch_size") != "auto" or not t.get("pack_sequences") or not t.get("micro_batch_tokens"):
+    if t.get("micro_batch_size") != "auto" or t.get("pack_sequences") is not True or not t.get("micro_batch_tokens"):
         raise ConfigError("algorithm.step_tokens packs a step's conversations into rows of trainer.micro_batch_tokens "
                           "tokens: it needs trainer.micro_batch_size=auto, trainer.pack_sequences=true and "
                           f"trainer.micro_batch_tokens set (they are {t.get('micro_batch_size')}, "
@@ -176,6 +176,10 @@ def validate_step_tokens(a: Mapping, t: Mapping) -> None:
     if int(a["max_tokens"]) > row:
         raise ConfigError(f"algorithm.max_tokens={a['max_tokens']} is over trainer.micro_batch_tokens={row}: with "
                           "algorithm.step_tokens every conversation must fit one packed row")
+    shards = int(t["mini_batches"]) * int(t["num_processes"])
+    if steps // row < shards:  # a step may hold one conversation a row: every mini-batch of every rank needs one
+        raise ConfigError(f"algorithm.step_tokens={steps} is {steps // row} packed rows of trainer.micro_batch_tokens="
+                          f"{row}, fewer than trainer.mini_batches * trainer.num_processes = {shards}: raise it")
 
 
 def validate(cfg: Mapping) -> None:

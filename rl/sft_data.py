@@ -242,14 +242,17 @@ class ConversationDataset:
         return self._orders[1]
 
     def next_batch(self, n: int) -> list[Trajectory]:
-        return [self._next_row() for _ in range(n)]
+        """The next `n` conversations (rows held over by `next_packed` first: a run resumed without step_tokens)."""
+        held, self.carry = self.carry[:n], self.carry[n:]
+        return held + [self._next_row() for _ in range(n - len(held))]
 
     def next_packed(self, rows: int, row_tokens: int) -> list[Trajectory]:
         """The conversations of one step of `rows` packed rows of `row_tokens` tokens (algorithm.step_tokens): the
         rows held over from the last step, then the next ones, until they hold a step's tokens; of those, the ones
         that fill the rows (best-fit decreasing, `rl.batching.fill_rows`, the trainer's own packing). The others
-        wait for a later step (longest first: a row waits while longer ones and shorter gap-fillers take the room)
-        and are checkpointed with the cursor: none is lost or drawn twice."""
+        wait for a later step (longest first: a row waits while longer ones and shorter gap-fillers take the room;
+        on SFT-like lengths up to a few dozen steps) and are checkpointed with the cursor: none is lost or drawn
+        twice. Rows still waiting when the run ends are not trained, as the rows not yet drawn are not."""
         buffer, self.carry = self.carry, []
         total = sum(t.num_tokens for t in buffer)
         while total < rows * row_tokens:

@@ -324,6 +324,36 @@ def test_packed_steps_train_every_row_once_and_resume_with_the_rows_held_over(ti
     d = ConversationDataset(rows, tok, seed=3, max_tokens=4096)
     d.load_state_dict(state)
     assert draw(d, 40 - k - 1) == straight[k + 1:]
+    # resumed without step_tokens: the rows held over come first, none skipped
+    e = ConversationDataset(rows, tok, seed=3, max_tokens=4096)
+    e.load_state_dict(state)
+    held = [[index, epoch] for index, epoch in state["carry"]]
+    got = e.next_batch(len(held) + 2)
+    assert [[t.sample["index"], t.sample["epoch"]] for t in got[:len(held)]] == held and not e.carry
+
+
+def test_the_dataset_source_checkpoints_the_rows_after_its_own_step_not_the_prefetched_one(tiny_moe_path):
+    """DatasetSource draws the next step on a thread while this one trains; its state is the position (and the rows
+    held over) right after the step it handed out, so a source restored from it hands out the same next steps."""
+    from launch.config import compose
+    from launch.sources import DatasetSource
+
+    cfg = compose(["+experiment=sft", "algorithm.samples_per_step=null", "algorithm.step_tokens=1024",
+                   "trainer.micro_batch_tokens=512", "algorithm.max_tokens=512"])
+    tok = load_tokenizer(tiny_moe_path)
+    straight = DatasetSource(cfg, tok)
+    straight.start(None, None, 12)
+    uids = [[t.uid for t in straight.take(step, {}).trajs] for step in range(1, 13)]
+    for cut in (2, 5):
+        src = DatasetSource(cfg, tok)
+        src.start(None, None, 12)
+        for step in range(1, cut + 1):
+            src.take(step, {})  # the next step is being drawn on the thread meanwhile
+        state = json.loads(json.dumps(src.state_dict()))
+        resumed = DatasetSource(cfg, tok)
+        resumed.start(None, None, 12)
+        resumed.load_state_dict(state)
+        assert [[t.uid for t in resumed.take(step, {}).trajs] for step in range(cut + 1, 13)] == uids[cut:]
 
 
 def test_long_conversations_are_cut_and_rows_without_assistant_tokens_skipped(tiny_moe_path):
@@ -376,6 +406,11 @@ def test_sft_config_and_its_refusals():
         check_config(compose([*packed, "trainer.pack_sequences=false"]))
     with pytest.raises(ConfigError, match=r"max_tokens=4096 is over trainer\.micro_batch_tokens=2048"):
         check_config(compose([*packed, "algorithm.max_tokens=4096"]))
+    for wrong in ("trainer.pack_sequences=auto", "trainer.micro_batch_size=8"):  # auto may resolve to padded rows
+        with pytest.raises(ConfigError, match=r"needs trainer\.micro_batch_size=auto, trainer\.pack_sequences=true"):
+            check_config(compose([*packed, wrong]))
+    with pytest.raises(ConfigError, match=r"4 packed rows .* fewer than trainer\.mini_batches \* trainer\.num_processes = 8"):
+        check_config(compose([*packed, "trainer.mini_batches=8"]))
     assert with_sft(["+experiment=sft"]) == ["algorithm=sft", "+experiment=sft"]
     assert with_sft(["algorithm=grpo", "x=1"]) == ["algorithm=grpo", "x=1"]
 

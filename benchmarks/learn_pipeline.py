@@ -148,6 +148,18 @@ def final(rows: list[dict], domain: str) -> float | None:
     return e[-1][1] if e else None
 
 
+def final_samples(rows: list[dict], domain: str) -> int | None:
+    """The samples behind the last held-out pass@1: prompts x k."""
+    e = [r for r in rows if r.get(f"eval/{domain}/pass@1") is not None]
+    return int(e[-1].get(f"eval/{domain}/prompts", 0) * e[-1].get("eval/k", 0)) if e else None
+
+
+def difference_se(p1: float, n1: int, p2: float, n2: int) -> float:
+    """Standard error of p2 - p1 for two independent shares of n1 and n2 samples: sqrt(p1 q1 / n1 + p2 q2 / n2).
+    The samples of one prompt are not independent, so this is a lower bound on the noise."""
+    return (p1 * (1 - p1) / max(n1, 1) + p2 * (1 - p2) / max(n2, 1)) ** 0.5
+
+
 def first_step_reaching(curve: list[tuple[int, float]], target: float) -> int | None:
     return next((s for s, v in curve if v >= target), None)
 
@@ -182,9 +194,11 @@ def report(args) -> str:
     for d in ("math", "agent"):
         s, st, m = final(spec[d], d), student[d], final(mixed, d)
         if None not in (s, st, m):
+            n_s, n_m = final_samples(spec[d], d) or 0, final_samples(mixed, d) or 0
             checks.append(f"- {d}: SFT student / specialist = {st / s if s else float('nan'):.2f} (target >= 0.90); mixed RL "
-                          f"from it ends {m - s:+.3f} from the specialist (target within 0.02); from the base "
-                          f"{_fmt(final(base, d))}")
+                          f"from it ends {m - s:+.3f} from the specialist (target within 0.02; standard error of that "
+                          f"difference {difference_se(s, n_s, m, n_m):.3f}, on {n_s} and {n_m} held-out samples); "
+                          f"from the base {_fmt(final(base, d))}")
     if target is not None:
         checks.append(f"- math specialist's final held-out pass@1 {target:.3f}: GRPO from the base first reached it at "
                       f"step {first_step_reaching(evals(spec['math'], 'math'), target)}, on-policy distillation at step "

@@ -51,9 +51,14 @@ def train(cfg: dict, launched: float | None = None) -> dict:
         # actors write there (trainer.profile_step)
         cluster = Cluster({**cfg, "run_dir": str(run_dir)}, model_path, timeline)
         start = resume(cluster, source, candidates)
+        only = bool((cfg.get("eval") or {}).get("only"))
+        if only:  # verl's val_only: evaluate the weights the run starts from (a row of step `start`), train nothing
+            total = start
         tracker = Tracker(cfg, run_dir, total, start, resume=bool(candidates), launched=timeline.launched,
                           start_up=timeline.ordered)
         source.start(cluster, tracker, total)
+        if only:
+            source.evaluate_now(start)
         peak = resolve_peak_tflops(t.get("peak_tflops"), cluster.trainer_device_name())
         perf = PerfMeter(load_body_flops(model_path), peak, int(t["num_processes"]),
                          recompute_old=cfg["algorithm"].get("old_logprobs") == "trainer")

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from launch.cluster import Cluster
 from rewards.compose import required_fields
 from rl.advantages import assign_advantages, attach_domain_coefficients, expand_segments
+from rl.config import ConfigError
 from rl.data import EvalPrompts, PromptMixture, thinking_modes
 from rl.dynamic_sampling import (ROUND_SEED_STRIDE, first_round_prompts, group_order, informative_groups, kept_counts,
                                  next_round, sampling_metrics, select_groups, step_quota)
@@ -91,10 +92,18 @@ class RolloutSource:
 
     def start(self, cluster: Cluster, tracker, total: int) -> None:
         self.cluster, self.tracker, self.total = cluster, tracker, total
-        if self.evals is not None and self.ev.get("before_train") and self.mixture.step == 0:  # a fresh run
-            start = time.perf_counter()
-            metrics = evaluate(cluster, self.evals, self.ev, self.parts, 0, tracker)
-            tracker.log({"step": 0, **metrics, "time/eval": time.perf_counter() - start}, counts_as_step=False)
+        fresh = self.mixture.step == 0
+        if self.evals is not None and self.ev.get("before_train") and fresh and not self.ev.get("only"):
+            self.evaluate_now(0)
+
+    def evaluate_now(self, step: int) -> dict:
+        """The held-out evaluation of the weights the rollout workers hold, logged as a row of `step` that does not
+        count as a training step: before step 1 (`eval.before_train`), or the whole run (`eval.only`)."""
+        start = time.perf_counter()
+        metrics = evaluate(self.cluster, self.evals, self.ev, self.parts, step, self.tracker)
+        row = {"step": step, **metrics, "time/eval": time.perf_counter() - start}
+        self.tracker.log(row, counts_as_step=False)
+        return row
 
     def _submit(self, step: int, version: int) -> None:
         """`version`: the weight updates the rollout workers hold now (the step being taken, minus one)."""
@@ -289,10 +298,14 @@ class DatasetSource:
 
 
 def held_out_prompts(ev: dict, domains: dict, tokenizer, data: dict) -> EvalPrompts | None:
-    """The eval set, or None when evaluation is off (`eval.every: 0`) or has nothing to evaluate (warned)."""
-    if not ev.get("every"):
+    """The eval set, or None when evaluation is off (`eval.every: 0` and not `eval.only`) or has nothing to evaluate
+    (warned; with `eval.only` an error)."""
+    if not ev.get("every") and not ev.get("only"):
         return None
     evals = EvalPrompts(domains, tokenizer, max_prompts=int(ev.get("max_prompts") or 64), **data)
+    if not evals.requests and ev.get("only"):
+        raise ConfigError("eval.only=true: no domain has an eval_dataset (or every eval prompt is too long): "
+                          "nothing to evaluate")
     if not evals.requests:
         log.warning("eval.every=%s but no domain has an eval_dataset (or every eval prompt is too long): no evaluation "
                     "runs", ev["every"])

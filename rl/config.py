@@ -265,6 +265,10 @@ def validate(cfg: Mapping) -> None:
     if "worker_logs" in cfg["logger"]:
         check_choice(cfg["logger"], "worker_logs", "logger", {"file", "console"})
     validate_eval(cfg.get("eval") or {})
+    if dataset and (cfg.get("eval") or {}).get("only"):
+        raise ConfigError("eval.only=true evaluates a policy on the domains' eval_dataset by sampling; an SFT run "
+                          "(algorithm=sft) has no domains to evaluate: run it with the RL experiment instead, e.g. "
+                          "+experiment=mixed_rl model.path=<the SFT checkpoint's hf dir> eval.only=true")
     if dataset and a.get("step_tokens") is not None:
         return  # a step's count of conversations varies; split_even cuts it over the shards
     samples = a["samples_per_step"] if dataset else data["prompts_per_step"] * r["n_samples"]
@@ -302,8 +306,9 @@ def validate_eval(e: Mapping) -> None:
     check_number(e, "top_p", "eval", lo=0, lo_open=True, hi=1, optional=True)
     check_number(e, "top_k", "eval", lo=0, integer=True, optional=True)
     check_number(e, "pass_threshold", "eval", optional=True)
-    if "before_train" in e:
-        check_choice(e, "before_train", "eval", {True, False})
+    for key in ("before_train", "only"):
+        if key in e:
+            check_choice(e, key, "eval", {True, False})
 
 
 def needs_reference(cfg: Mapping) -> bool:

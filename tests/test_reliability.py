@@ -281,11 +281,14 @@ def test_eval_without_an_eval_dataset_is_warned_and_off(tiny_moe_path, caplog):
     tok, data = load_tokenizer(tiny_moe_path), dict(max_prompt_tokens=512)
     assert sorted(held_out_prompts(cfg["eval"], cfg["domains"], tok, data).domains) == ["logic", "math"]
     assert held_out_prompts({**cfg["eval"], "every": 0}, cfg["domains"], tok, data) is None
+    assert held_out_prompts({**cfg["eval"], "every": 0, "only": True}, cfg["domains"], tok, data) is not None
     for spec in cfg["domains"].values():
         spec.pop("eval_dataset", None)
     with caplog.at_level(logging.WARNING):
         assert held_out_prompts(cfg["eval"], cfg["domains"], tok, data) is None
     assert "no domain has an eval_dataset" in caplog.text
+    with pytest.raises(ConfigError, match=r"eval\.only=true: no domain has an eval_dataset"):  # nothing it could do
+        held_out_prompts({**cfg["eval"], "only": True}, cfg["domains"], tok, data)
 
 
 def test_wandb_keeps_the_steps_a_resumed_run_redoes(tmp_path, monkeypatch):

@@ -17,6 +17,11 @@ and on the 3 smoke keys no training task asks for. The SFT student's score is th
     python benchmarks/learn_pipeline.py --out /root/lp --wait 580    # progress until done (or the time is up)
     python benchmarks/learn_pipeline.py --out /root/lp --report [--plot benchmarks/learn_pipeline.png --readme]
     python benchmarks/learn_pipeline.py --out /root/opd --launch --opd-only --gpu 1   # specialist + distillation only
+    python benchmarks/learn_pipeline.py --out /root/lp --launch --final-eval-samples 80   # + the final evaluations
+
+`--final-eval-samples K`: after the runs, each specialist's and the mixed RL run's last checkpoint is evaluated
+again with K samples a prompt (`eval.only`, two at a time on the two GPUs), and the report's "within 0.02 of the
+specialist" check uses those scores; it prints the standard error of each difference either way.
 """
 
 from __future__ import annotations
@@ -60,9 +65,11 @@ def _stop(proc: subprocess.Popen, grace: float = 60) -> None:
         proc.wait()
 
 
-def orchestrate(out: Path, opd_steps: int, opd_only: bool = False, gpu: int = 0) -> None:
+def orchestrate(out: Path, opd_steps: int, opd_only: bool = False, gpu: int = 0,
+                final_samples_per_prompt: int = 0) -> None:
     """Everything, in order (runs detached from --launch; its log is out/orchestrate.log). `opd_only`: on GPU `gpu`
-    alone, the pipeline's math specialist stage only (the same command and folder), then the distillation."""
+    alone, the pipeline's math specialist stage only (the same command and folder), then the distillation.
+    `final_samples_per_prompt`: then the compared checkpoints evaluated again with that many samples a prompt."""
     t0 = time.time()
     if opd_only:
         rc = _start([sys.executable, "-m", "launch.pipeline", "+experiment=smol_pipeline", f"run_dir={out / 'pipeline'}",
@@ -90,15 +97,45 @@ def orchestrate(out: Path, opd_steps: int, opd_only: bool = False, gpu: int = 0)
                             "++domains.math.reward_coef=0", *QUIET], gpu, out / "logs" / "opd_math.log"))
     for j in jobs:
         j.wait()
+    if final_samples_per_prompt and not opd_only:
+        final_evals(out, final_samples_per_prompt)
     (out / "DONE").write_text(f"{time.time() - t0:.0f}\n")
     print(f"[{time.strftime('%H:%M:%S')}] done", flush=True)
+
+
+# the checkpoints the "within 0.02 of the specialist" check compares, evaluated again with many samples a prompt
+FINAL_EVAL = {"math_specialist": ("pipeline", "specialists", "math"), "agent_specialist": ("pipeline", "specialists", "agent"),
+              "mixed_rl": ("pipeline", "mixed_rl")}
+
+
+def final_eval_commands(out: Path, samples: int) -> dict[str, list[str]]:
+    """`eval.only` of each compared run's last checkpoint with `samples` samples a prompt (the in-run evaluations'
+    4 cannot resolve 0.02: see `difference_se`); the runs that left no checkpoint are skipped."""
+    cmds = {}
+    for name, parts in FINAL_EVAL.items():
+        done = complete_checkpoints(out.joinpath(*parts))
+        if done:
+            cmds[name] = [sys.executable, "-m", "launch.train", "+experiment=smol_mixed", f"run_dir={out / 'final_eval' / name}",
+                          f"model.path={done[-1] / 'hf'}", "eval.only=true", f"eval.n_samples={samples}", *QUIET]
+    return cmds
+
+
+def final_evals(out: Path, samples: int, gpus: tuple[int, ...] = (0, 1)) -> None:
+    """The final evaluations, as many at a time as there are GPUs."""
+    pending = list(final_eval_commands(out, samples).items())
+    while pending:
+        jobs = [_start(cmd, gpu, out / "logs" / f"final_eval_{name}.log") for gpu, (name, cmd) in zip(gpus, pending)]
+        pending = pending[len(jobs):]
+        for j in jobs:
+            j.wait()
 
 
 def launch(args) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     log = (args.out / "orchestrate.log").open("a")
     subprocess.Popen([sys.executable, __file__, "--out", str(args.out), "--orchestrate", "--opd-steps",
-                      str(args.opd_steps), "--gpu", str(args.gpu), *(["--opd-only"] if args.opd_only else [])],
+                      str(args.opd_steps), "--gpu", str(args.gpu), "--final-eval-samples", str(args.final_eval_samples),
+                      *(["--opd-only"] if args.opd_only else [])],
                      cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     print(f"started; progress: python {Path(__file__).name} --out {args.out} --wait 580")
 
@@ -193,12 +230,20 @@ def report(args) -> str:
     checks = []
     for d in ("math", "agent"):
         s, st, m = final(spec[d], d), student[d], final(mixed, d)
-        if None not in (s, st, m):
-            n_s, n_m = final_samples(spec[d], d) or 0, final_samples(mixed, d) or 0
-            checks.append(f"- {d}: SFT student / specialist = {st / s if s else float('nan'):.2f} (target >= 0.90); mixed RL "
-                          f"from it ends {m - s:+.3f} from the specialist (target within 0.02; standard error of that "
-                          f"difference {difference_se(s, n_s, m, n_m):.3f}, on {n_s} and {n_m} held-out samples); "
-                          f"from the base {_fmt(final(base, d))}")
+        if None in (s, st, m):
+            continue
+        # the end of mixed RL against the specialist: from --final-eval-samples' evaluations when they ran
+        s_end, m_end, n_s, n_m = s, m, final_samples(spec[d], d) or 0, final_samples(mixed, d) or 0
+        again = {"s": load("final_eval", f"{d}_specialist"), "m": load("final_eval", "mixed_rl")}
+        source = "the runs' own evaluations"
+        if final(again["s"], d) is not None and final(again["m"], d) is not None:
+            s_end, m_end = final(again["s"], d), final(again["m"], d)
+            n_s, n_m = final_samples(again["s"], d) or 0, final_samples(again["m"], d) or 0
+            source = f"evaluated again: {s_end:.3f} and {m_end:.3f}"
+        checks.append(f"- {d}: SFT student / specialist = {st / s if s else float('nan'):.2f} (target >= 0.90); mixed RL "
+                      f"from it ends {m_end - s_end:+.3f} from the specialist (target within 0.02; {source}; standard "
+                      f"error of that difference {difference_se(s_end, n_s, m_end, n_m):.3f}, on {n_s} and {n_m} "
+                      f"held-out samples); from the base {_fmt(final(base, d))}")
     if target is not None:
         checks.append(f"- math specialist's final held-out pass@1 {target:.3f}: GRPO from the base first reached it at "
                       f"step {first_step_reaching(evals(spec['math'], 'math'), target)}, on-policy distillation at step "
@@ -253,11 +298,15 @@ def main() -> None:
     ap.add_argument("--opd-only", action="store_true",
                     help="only the math specialist (GRPO from the base) and the distillation from it, on --gpu")
     ap.add_argument("--gpu", type=int, default=0, help="--opd-only: the GPU to run on")
+    ap.add_argument("--final-eval-samples", type=int, default=0,
+                    help="after the runs: each specialist's and the mixed RL run's last checkpoint evaluated again "
+                         "with this many samples a prompt (eval.only; e.g. 80: ~5,000 arithmetic samples), for the "
+                         "'within 0.02' check")
     ap.add_argument("--plot")
     ap.add_argument("--readme", action="store_true")
     args = ap.parse_args()
     if args.orchestrate:
-        orchestrate(args.out, args.opd_steps, args.opd_only, args.gpu)
+        orchestrate(args.out, args.opd_steps, args.opd_only, args.gpu, args.final_eval_samples)
     elif args.launch:
         launch(args)
     elif args.wait is not None:

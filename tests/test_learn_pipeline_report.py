@@ -33,5 +33,36 @@ def test_the_report_gives_the_standard_error_of_each_difference(tmp_path):
     _write(tmp_path / "pipeline" / "mixed_rl", [{**ev(0, "math", 0.512, 64), **ev(0, "agent", 0.75, 3)},
                                                 {**ev(15, "math", 0.477, 64), **ev(15, "agent", 0.583, 3)}])
     text = lp.report(Namespace(out=tmp_path, plot=None, readme=False))
-    assert "ends -0.167 from the specialist (target within 0.02; standard error of that difference 0.189, on 12 and 12" in text
-    assert "ends +0.036 from the specialist (target within 0.02; standard error of that difference 0.044, on 256 and 256" in text
+    assert ("ends -0.167 from the specialist (target within 0.02; the runs' own evaluations; standard error of that "
+            "difference 0.189, on 12 and 12") in text
+    assert ("ends +0.036 from the specialist (target within 0.02; the runs' own evaluations; standard error of that "
+            "difference 0.044, on 256 and 256") in text
+
+
+def test_the_final_evaluations_are_eval_only_runs_of_the_compared_checkpoints_and_the_report_uses_them(tmp_path):
+    """--final-eval-samples: each compared run's last checkpoint scored again with many samples a prompt
+    (eval.only, a config the run accepts), and the report's check then uses those scores and their sample counts."""
+    from launch.config import check_config, compose
+
+    lp = _load()
+    for parts in lp.FINAL_EVAL.values():
+        if parts[-1] != "agent":  # the agent specialist left no checkpoint: skipped
+            (tmp_path.joinpath(*parts) / "checkpoints" / "step_000025").mkdir(parents=True)
+            (tmp_path.joinpath(*parts) / "checkpoints" / "step_000025" / "COMPLETE").write_text("")
+    cmds = lp.final_eval_commands(tmp_path, 80)
+    assert sorted(cmds) == ["math_specialist", "mixed_rl"]
+    args = cmds["mixed_rl"][3:]
+    assert f"model.path={tmp_path / 'pipeline' / 'mixed_rl' / 'checkpoints' / 'step_000025' / 'hf'}" in args
+    cfg = compose(args[:1] + [a for a in args[1:] if not a.startswith(("run_dir=", "model.path="))])
+    check_config(cfg)
+    assert cfg["eval"]["only"] is True and cfg["eval"]["n_samples"] == 80
+
+    ev = lambda step, d, p, prompts, k=4: {"step": step, f"eval/{d}/pass@1": p, f"eval/{d}/prompts": prompts, "eval/k": k}  # noqa: E731
+    _write(tmp_path / "r" / "pipeline" / "specialists" / "math", [ev(25, "math", 0.441, 64)])
+    _write(tmp_path / "r" / "pipeline" / "mixed_rl", [ev(0, "math", 0.512, 64), ev(15, "math", 0.477, 64)])
+    _write(tmp_path / "r" / "final_eval" / "math_specialist", [ev(25, "math", 0.45, 64, 80)])
+    _write(tmp_path / "r" / "final_eval" / "mixed_rl", [ev(15, "math", 0.46, 64, 80)])
+    text = lp.report(Namespace(out=tmp_path / "r", plot=None, readme=False))
+    assert "SFT student / specialist = 1.16" in text  # the in-run scores, both at k=4
+    assert "ends +0.010 from the specialist (target within 0.02; evaluated again: 0.450 and 0.460; standard error of " \
+           "that difference 0.010, on 5120 and 5120 held-out samples)" in text

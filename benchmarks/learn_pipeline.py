@@ -124,10 +124,11 @@ def final_evals(out: Path, samples: int, gpus: tuple[int, ...] = (0, 1)) -> None
     """The final evaluations, as many at a time as there are GPUs."""
     pending = list(final_eval_commands(out, samples).items())
     while pending:
-        jobs = [_start(cmd, gpu, out / "logs" / f"final_eval_{name}.log") for gpu, (name, cmd) in zip(gpus, pending)]
+        batch = list(zip(gpus, pending))
+        jobs = [(name, _start(cmd, gpu, out / "logs" / f"final_eval_{name}.log")) for gpu, (name, cmd) in batch]
         pending = pending[len(jobs):]
-        for j in jobs:
-            j.wait()
+        for name, j in jobs:  # a failed one leaves the report on the runs' own evaluations: say so here
+            print(f"[{time.strftime('%H:%M:%S')}] final evaluation of {name} exited {j.wait()}", flush=True)
 
 
 def launch(args) -> None:
@@ -193,7 +194,8 @@ def final_samples(rows: list[dict], domain: str) -> int | None:
 
 def difference_se(p1: float, n1: int, p2: float, n2: int) -> float:
     """Standard error of p2 - p1 for two independent shares of n1 and n2 samples: sqrt(p1 q1 / n1 + p2 q2 / n2).
-    The samples of one prompt are not independent, so this is a lower bound on the noise."""
+    It is the sampling noise on this fixed set of eval prompts (where it is, if anything, conservative); it says
+    nothing of how far the set's prompts stand for others (3 smoke keys stand for few)."""
     return (p1 * (1 - p1) / max(n1, 1) + p2 * (1 - p2) / max(n2, 1)) ** 0.5
 
 

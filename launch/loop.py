@@ -55,7 +55,7 @@ def train(cfg: dict, launched: float | None = None) -> dict:
         if only:  # verl's val_only: evaluate the weights the run starts from (a row of step `start`), train nothing
             total = start
         tracker = Tracker(cfg, run_dir, total, start, resume=bool(candidates), launched=timeline.launched,
-                          start_up=timeline.ordered)
+                          start_up=timeline.ordered, truncate=not only)
         source.start(cluster, tracker, total)
         if only:
             source.evaluate_now(start)

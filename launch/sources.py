@@ -100,7 +100,8 @@ class RolloutSource:
         """The held-out evaluation of the weights the rollout workers hold, logged as a row of `step` that does not
         count as a training step: before step 1 (`eval.before_train`), or the whole run (`eval.only`)."""
         start = time.perf_counter()
-        metrics = evaluate(self.cluster, self.evals, self.ev, self.parts, step, self.tracker)
+        name = f"eval_only_step_{step:06d}" if self.ev.get("only") else None  # not over the run's own eval samples
+        metrics = evaluate(self.cluster, self.evals, self.ev, self.parts, step, self.tracker, name)
         row = {"step": step, **metrics, "time/eval": time.perf_counter() - start}
         self.tracker.log(row, counts_as_step=False)
         return row
@@ -313,8 +314,10 @@ def held_out_prompts(ev: dict, domains: dict, tokenizer, data: dict) -> EvalProm
     return evals
 
 
-def evaluate(cluster: Cluster, evals: EvalPrompts, ev: dict, parts: dict, step: int, tracker) -> dict:
-    """Held-out evaluation with the current weights: k samples per prompt, scored by each domain's rewards."""
+def evaluate(cluster: Cluster, evals: EvalPrompts, ev: dict, parts: dict, step: int, tracker,
+             name: str | None = None) -> dict:
+    """Held-out evaluation with the current weights: k samples per prompt, scored by each domain's rewards; the
+    samples go to run_dir/rollouts/<name>.jsonl (default eval_step_<step>)."""
     k = int(ev.get("n_samples") or 4)
     overrides = {"n_samples": k, "temperature": ev.get("temperature"), "top_p": ev.get("top_p"),
                  "top_k": ev.get("top_k")}
@@ -324,6 +327,6 @@ def evaluate(cluster: Cluster, evals: EvalPrompts, ev: dict, parts: dict, step: 
     requests = [{**r, "group_id": f"{r['group_id']}-step{step}"} for r in evals.requests]
     pending = cluster.submit_rollout(requests, 10**6 + step, overrides)
     trajs = cluster.collect_rollout(pending, sleep=False).collect()
-    tracker.save_rollouts(f"eval_step_{step:06d}", trajs)
+    tracker.save_rollouts(name or f"eval_step_{step:06d}", trajs)
     outcome = {d: parts[d][0] for d in evals.domains}
     return eval_metrics(trajs, k, outcome, float(ev.get("pass_threshold", 1.0)))

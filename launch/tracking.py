@@ -47,10 +47,11 @@ def json_line(obj) -> str:
 
 class Tracker:
     def __init__(self, cfg: dict, run_dir: Path, total_steps: int, start_step: int, resume: bool,
-                 launched: float | None = None, start_up: Callable[[], dict] | None = None):
+                 launched: float | None = None, start_up: Callable[[], dict] | None = None, truncate: bool = True):
         """`launched`: when the run began (time.time()), to report the start-up time apart from training;
         `start_up`: the start-up timeline's marks in time order (`StartupTimeline.ordered`, which reads them under
-        its lock: Ray threads may still add some), called when the summary is written."""
+        its lock: Ray threads may still add some), called when the summary is written. `truncate` False (eval.only):
+        a resumed run keeps the rows after its checkpoint, which it will not redo."""
         self.start_up = start_up or dict
         lcfg = cfg["logger"]
         self.run_dir, self.total_steps = run_dir, total_steps
@@ -58,7 +59,7 @@ class Tracker:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not resume and self.path.exists():
             self.path.unlink()
-        elif resume and self.path.exists():
+        elif resume and truncate and self.path.exists():
             self._truncate_after(start_step)
         self.started = time.time()
         self.launched = launched or self.started

@@ -35,12 +35,15 @@ def _train(run_dir: Path, *overrides: str) -> list[dict]:
 @pytest.mark.slow
 def test_eval_only_scores_the_resumed_checkpoint_and_trains_nothing(tmp_path):
     run_dir = tmp_path / "run"
-    trained = _train(run_dir, "trainer.total_steps=1")
-    assert [r["step"] for r in trained] == [1] and (run_dir / "checkpoints" / "step_000001" / "COMPLETE").exists()
-    rows = _train(run_dir, "trainer.total_steps=5", "trainer.resume=auto", "eval.only=true")
-    assert [r["step"] for r in rows] == [1, 1]  # the training row, then the evaluation of its checkpoint
+    trained = _train(run_dir, "trainer.total_steps=2", "trainer.save_every=1", "trainer.keep_checkpoints=2")
+    assert [r["step"] for r in trained] == [1, 2] and (run_dir / "checkpoints" / "step_000001" / "COMPLETE").exists()
+    older = run_dir / "checkpoints" / "step_000001"
+    rows = _train(run_dir, "trainer.total_steps=5", f"trainer.resume={older}", "eval.only=true")
+    # the training rows stay (a resumed training run would redo step 2; this one will not), then the evaluation of
+    # step 1's checkpoint
+    assert [r["step"] for r in rows] == [1, 2, 1]
     ev = rows[-1]
     assert ev["eval/k"] == 3 and ev["eval/math/prompts"] == 2 and 0 <= ev["eval/math/pass@1"] <= 1
     assert not any(k.startswith(("loss/", "time/train", "reward/")) for k in ev), sorted(ev)
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir()) == ["step_000001"]
-    assert (run_dir / "rollouts" / "eval_step_000001.jsonl").exists()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir()) == ["step_000001", "step_000002"]
+    assert (run_dir / "rollouts" / "eval_only_step_000001.jsonl").exists()  # beside the run's own, not over them

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from launch.cluster import Cluster
 from rewards.compose import required_fields
 from rl.advantages import assign_advantages, attach_domain_coefficients, expand_segments
-from rl.config import ConfigError
+from rl.config import ConfigError, packed_step_rows
 from rl.data import EvalPrompts, PromptMixture, thinking_modes
 from rl.dynamic_sampling import (ROUND_SEED_STRIDE, first_round_prompts, group_order, informative_groups, kept_counts,
                                  next_round, sampling_metrics, select_groups, step_quota)
@@ -253,7 +253,7 @@ class DatasetSource:
                                         max_tokens=a["max_tokens"], chat_template_kwargs=a.get("chat_template_kwargs"))
         self.n = a.get("samples_per_step")
         # algorithm.step_tokens: a step is as many conversations as fill its packed rows (micro-batches), not n
-        self.rows = int(a["step_tokens"]) // int(cfg["trainer"]["micro_batch_tokens"]) if a.get("step_tokens") else 0
+        self.rows = packed_step_rows(cfg)
         self.row_tokens = int(cfg["trainer"]["micro_batch_tokens"] or 0)
         self.total, self.drawn, self.next = 0, None, None
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="sft-data")
@@ -304,10 +304,10 @@ def held_out_prompts(ev: dict, domains: dict, tokenizer, data: dict) -> EvalProm
     if not ev.get("every") and not ev.get("only"):
         return None
     evals = EvalPrompts(domains, tokenizer, max_prompts=int(ev.get("max_prompts") or 64), **data)
-    if not evals.requests and ev.get("only"):
-        raise ConfigError("eval.only=true: no domain has an eval_dataset (or every eval prompt is too long): "
-                          "nothing to evaluate")
     if not evals.requests:
+        if ev.get("only"):
+            raise ConfigError("eval.only=true: no domain has an eval_dataset (or every eval prompt is too long): "
+                              "nothing to evaluate")
         log.warning("eval.every=%s but no domain has an eval_dataset (or every eval prompt is too long): no evaluation "
                     "runs", ev["every"])
         return None

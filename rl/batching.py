@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from rl.config import trains_on_dataset
+from rl.config import packed_step_rows, trains_on_dataset
 from rl.trajectory import Trajectory
 
 T = TypeVar("T")
@@ -126,10 +126,8 @@ def step_samples(cfg: Mapping) -> int:
     """Samples of one step: data.prompts_per_step x rollout.n_samples from rollouts, algorithm.samples_per_step rows
     from a dataset (SFT), or with algorithm.step_tokens the packed rows (micro-batches) that many tokens fill."""
     if trains_on_dataset(cfg):
-        a = cfg["algorithm"]
-        if a.get("step_tokens"):  # a step of packed rows, not of a fixed count: its rows stand for the samples
-            return int(a["step_tokens"]) // int(cfg["trainer"]["micro_batch_tokens"])
-        return int(a["samples_per_step"])
+        # with step_tokens a step of packed rows, not of a fixed count: its rows stand for the samples
+        return packed_step_rows(cfg) or int(cfg["algorithm"]["samples_per_step"])
     return int(cfg["data"]["prompts_per_step"]) * int(cfg["rollout"]["n_samples"])
 
 

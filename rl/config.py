@@ -146,6 +146,12 @@ def trains_on_dataset(cfg: Mapping) -> bool:
     return (cfg.get("algorithm") or {}).get("dataset") is not None
 
 
+def packed_step_rows(cfg: Mapping) -> int:
+    """algorithm.step_tokens: the packed rows (micro-batches of trainer.micro_batch_tokens) a step fills; 0 without."""
+    tokens = (cfg.get("algorithm") or {}).get("step_tokens")
+    return int(tokens) // int(cfg["trainer"]["micro_batch_tokens"]) if tokens else 0
+
+
 def validate_sft(a: Mapping, t: Mapping) -> None:
     """`algorithm=sft` (conf/algorithm/sft.yaml): the dataset of chat rows and the step's size."""
     check_number(a, "max_tokens", "algorithm", lo=2, integer=True)

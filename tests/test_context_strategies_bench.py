@@ -4,13 +4,13 @@ ending at the window where a strategy goes on), and a strategy the agent loop re
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "context_strategies.py"
@@ -20,10 +20,7 @@ ROW_KEYS = {"available", "episodes", "success", "pass@1", "tool_calls", "turns",
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("context_strategies", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def test_the_script_runs_end_to_end_on_the_tiny_model(bench, tmp_path, tiny_moe_path, capsys):

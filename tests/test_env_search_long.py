@@ -5,7 +5,6 @@ holds (the reason the environment exists: agent.context_strategy)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from rl.models import load_tokenizer
 from rollout.envs.base import check_env, load_env
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_DIR = ROOT / "rollout" / "envs" / "search_long"
@@ -22,10 +22,7 @@ WINDOW = 2048  # the smallest window the task set is meant for (benchmarks/conte
 
 
 def _module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(path, name)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 GPU, as `smol_math` runs two colocated), and their step throughput is reported against the one-GPU run with the same
 trainer settings (eager against eager, compiled against compiled)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from omegaconf import OmegaConf
 
 from launch.config import check_config
 from rl.config import engines_per_gpu
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,10 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def grpo_step(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # it imports learn_real from its own directory
-    spec = importlib.util.spec_from_file_location("grpo_step", ROOT / "benchmarks" / "grpo_step.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(Path("benchmarks/grpo_step.py"))
 
 
 @pytest.mark.parametrize("bench, engines", [("smol", 2), ("qwen06b", 1)])

@@ -1,21 +1,16 @@
 """benchmarks/learn_pipeline.py's report: each "within 0.02 of the specialist" check prints the standard error of the
 difference from the samples behind the two held-out scores, so a reader sees whether the evaluation can resolve it."""
 
-import importlib.util
 import json
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from script_module import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("learn_pipeline", ROOT / "benchmarks" / "learn_pipeline.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(Path("benchmarks/learn_pipeline.py"))
 
 
 def _write(path: Path, rows: list[dict]) -> None:

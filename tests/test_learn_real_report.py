@@ -1,17 +1,13 @@
 """benchmarks/learn_real.py's report: runs of several seeds are averaged, each seed's last-10 reward is listed."""
 
-import importlib.util
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from script_module import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("learn_real", ROOT / "benchmarks" / "learn_real.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(Path("benchmarks/learn_real.py"))
 
 
 def _ours(path: Path, rewards: list[float]) -> None:

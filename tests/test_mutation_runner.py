@@ -1,17 +1,15 @@
 """benchmarks/mutation_test.py (issue 41): the mutants it makes, its bytecode equivalence check, and one run."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from script_module import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("mutation_test", ROOT / "benchmarks" / "mutation_test.py")
-mt = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("mutation_test", mt)  # dataclasses look their module up there
-_spec.loader.exec_module(mt)
+mt = load_script(Path("benchmarks/mutation_test.py"), register=True)  # dataclasses look their module up there
 
 SOURCE = '''"""Docstring: a + b < c is never mutated."""
 import torch

@@ -31,6 +31,10 @@ What is matched:
 - packing on both, no padding, position ids restarting per conversation, attention within each conversation:
   ours packs a micro-batch's conversations into one row; TRL packs with `packing=True, packing_strategy="bfd"`
   (padding-free, one block of `max_length` per micro-batch: per_device_train_batch_size=1).
+  `--blocks-per-micro-batch B` gives both B blocks per forward/backward (TRL: per_device_train_batch_size=B, its
+  padding-free collator joins them into one row; ours: trainer.micro_batch_tokens = B x --max-length, one packed
+  row), and B times fewer micro-batches a step: these steps are host-bound (kernel launches), so fewer, larger
+  micro-batches is the setting a user would pick on either side.
 - step size: TRL's blocks per step (gradient_accumulation_steps) are those that hold `--samples-per-step`
   conversations on average (the blocks counted by TRL's own tokenisation and BFD packing of the data,
   `trl_blocks`). Ours (`--ours-step tokens`, the default) trains the same number of packed rows of `--max-length`
@@ -189,11 +193,12 @@ def match_step_sizes(args, model_path: str, rows: list[dict]) -> str:
     ours' conversations per step (args.samples_per_step) set to what that many blocks hold on average, so both
     steps hold the same number of conversations on average (to within one)."""
     blocks = trl_blocks(model_path, rows, args.max_length)
-    args.accum = max(1, round(args.samples_per_step * blocks / len(rows)))
+    b = args.blocks_per_micro_batch  # TRL's micro-batches per step must be whole: accum is a multiple of b
+    args.accum = b * max(1, round(args.samples_per_step * blocks / len(rows) / b))
     asked, args.samples_per_step = args.samples_per_step, max(1, round(args.accum * len(rows) / blocks))
     return (f"TRL packs the {len(rows)} conversations into {blocks} blocks of <= {args.max_length} tokens "
-            f"({len(rows) / blocks:.2f} a block): {args.accum} blocks per TRL step, {args.samples_per_step} "
-            f"conversations per step of ours (asked {asked})")
+            f"({len(rows) / blocks:.2f} a block): {args.accum} blocks per TRL step in micro-batches of "
+            f"{args.blocks_per_micro_batch}, {args.samples_per_step} conversations per step of ours (asked {asked})")
 
 
 # -- the runs -------------------------------------------------------------------------------------------------------
@@ -235,7 +240,8 @@ def ours_command(args, model_path: str, data: Path, run_dir: Path) -> list[str]:
             f"algorithm.max_tokens={args.max_length}",
             f"trainer.total_steps={args.steps}", "trainer.mini_batches=1", f"trainer.lr={args.lr}",
             "trainer.warmup_steps=0", "trainer.weight_decay=0.0", "trainer.grad_clip=1.0",
-            "trainer.micro_batch_size=auto", f"trainer.micro_batch_tokens={args.max_length}",
+            "trainer.micro_batch_size=auto",
+            f"trainer.micro_batch_tokens={args.blocks_per_micro_batch * args.max_length}",
             "trainer.pack_sequences=true", "trainer.gradient_checkpointing=false",
             f"trainer.compile={'true' if args.compile else 'false'}",
             f"trainer.device={args.device}", f"trainer.num_gpus={1 if cuda else 0}", "trainer.num_processes=1",
@@ -248,7 +254,7 @@ def trl_command(args, model_path: str, data: Path, run_dir: Path) -> list[str]:
             "--data", str(data), "--run-dir", str(run_dir), "--device", args.device, "--attn", args.trl_attn,
             "--n", str(args.n), "--steps", str(args.steps), "--samples-per-step", str(args.samples_per_step),
             "--max-length", str(args.max_length), "--lr", str(args.lr), "--seed", str(args.seed),
-            "--accum", str(args.accum),
+            "--accum", str(args.accum), "--blocks-per-micro-batch", str(args.blocks_per_micro_batch),
             *(["--compile"] if args.compile else [])]
 
 
@@ -319,7 +325,8 @@ def trl_child(args) -> None:
 
     cfg = SFTConfig(
         output_dir=str(run_dir / "hf"), max_steps=args.steps, seed=args.seed,
-        per_device_train_batch_size=1, gradient_accumulation_steps=args.accum,
+        per_device_train_batch_size=args.blocks_per_micro_batch,
+        gradient_accumulation_steps=args.accum // args.blocks_per_micro_batch,
         learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
         bf16=cuda, fp16=False, use_cpu=not cuda, gradient_checkpointing=False, torch_compile=args.compile,
@@ -429,6 +436,10 @@ def main() -> None:
     ap.add_argument("--ours-step", choices=["tokens", "count"], default="tokens",
                     help="tokens: ours' steps are TRL's packed blocks (algorithm.step_tokens = blocks x --max-length); "
                          "count: a fixed count of conversations, what TRL's blocks hold on average")
+    ap.add_argument("--blocks-per-micro-batch", type=int, default=1,
+                    help="packed blocks of --max-length per forward/backward on both: TRL's "
+                         "per_device_train_batch_size (its padding-free collator joins them into one row), ours' "
+                         "trainer.micro_batch_tokens = this x --max-length; the step's blocks stay the same")
     ap.add_argument("--only", nargs="+", default=["ours", "trl"], choices=["ours", "trl"])
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     ap.add_argument("--report", action="store_true", help="print the table of what --out holds, run nothing")

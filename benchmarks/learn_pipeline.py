@@ -10,8 +10,8 @@ teacher term alone: `reward_coef=0`), held-out eval every 5 steps, against the s
 base (also every 5 steps).
 
 Held-out scores: eval/<d>/pass@1 (the share of passing samples, k=4) on the 64 bundled held-out arithmetic prompts
-and on the 3 smoke keys no training task asks for. The SFT student's score is the mixed RL stage's step-0 eval
-(`eval.before_train`).
+and on the 21 smoke keys no training task asks for (3 before 2026-11-27). The SFT student's score is the
+mixed RL stage's step-0 eval (`eval.before_train`).
 
     python benchmarks/learn_pipeline.py --out /root/lp --launch      # starts everything detached, returns
     python benchmarks/learn_pipeline.py --out /root/lp --wait 580    # progress until done (or the time is up)
@@ -195,7 +195,7 @@ def final_samples(rows: list[dict], domain: str) -> int | None:
 def difference_se(p1: float, n1: int, p2: float, n2: int) -> float:
     """Standard error of p2 - p1 for two independent shares of n1 and n2 samples: sqrt(p1 q1 / n1 + p2 q2 / n2).
     It is the sampling noise on this fixed set of eval prompts (where it is, if anything, conservative); it says
-    nothing of how far the set's prompts stand for others (3 smoke keys stand for few)."""
+    nothing of how far the set's prompts stand for others (21 smoke keys stand for few)."""
     return (p1 * (1 - p1) / max(n1, 1) + p2 * (1 - p2) / max(n2, 1)) ** 0.5
 
 

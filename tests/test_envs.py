@@ -426,6 +426,20 @@ def test_smoke_and_search_reference_solutions_pass_and_perturbations_fail():
         assert report["perturbed_failed"] == report["perturbed"] >= 2 * report["tasks"]
 
 
+def test_smoke_held_out_keys_are_solvable_and_never_trained_on():
+    """The held-out tool-use set (rl/bundled/eval/smoke.jsonl, smol_mixed's eval) asks only for keys that no training
+    task asks for, enough of them to stand for more than a handful, and each one's reference solution passes."""
+    env = load_env("smoke")
+    root = Path(__file__).resolve().parents[1]
+    held_out = [json.loads(x) for x in (root / "rl/bundled/eval/smoke.jsonl").read_text().splitlines() if x.strip()]
+    trained = {t["key"] for t in env.tasks()}
+    assert len(held_out) >= 20 and len({t["key"] for t in held_out}) == len(held_out)
+    assert not trained & {t["key"] for t in held_out}
+    report = check_env(env, tasks=held_out)
+    assert report["ok"], report["failures"]
+    assert report["reference_passed"] == len(held_out)
+
+
 def test_search_finds_the_documents_each_question_needs():
     env = load_env("search")
     tasks = env.tasks()

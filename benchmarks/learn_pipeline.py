@@ -230,18 +230,18 @@ def report(args) -> str:
     table = "\n".join(lines)
     target = final(spec["math"], "math")
     checks = []
+    mixed_again = load("final_eval", "mixed_rl")
     for d in ("math", "agent"):
         s, st, m = final(spec[d], d), student[d], final(mixed, d)
         if None in (s, st, m):
             continue
         # the end of mixed RL against the specialist: from --final-eval-samples' evaluations when they ran
-        s_end, m_end, n_s, n_m = s, m, final_samples(spec[d], d) or 0, final_samples(mixed, d) or 0
-        again = {"s": load("final_eval", f"{d}_specialist"), "m": load("final_eval", "mixed_rl")}
-        source = "the runs' own evaluations"
-        if final(again["s"], d) is not None and final(again["m"], d) is not None:
-            s_end, m_end = final(again["s"], d), final(again["m"], d)
-            n_s, n_m = final_samples(again["s"], d) or 0, final_samples(again["m"], d) or 0
-            source = f"evaluated again: {s_end:.3f} and {m_end:.3f}"
+        spec_again = load("final_eval", f"{d}_specialist")
+        redone = final(spec_again, d) is not None and final(mixed_again, d) is not None
+        s_rows, m_rows = (spec_again, mixed_again) if redone else (spec[d], mixed)
+        s_end, m_end = final(s_rows, d), final(m_rows, d)
+        n_s, n_m = final_samples(s_rows, d) or 0, final_samples(m_rows, d) or 0
+        source = f"evaluated again: {s_end:.3f} and {m_end:.3f}" if redone else "the runs' own evaluations"
         checks.append(f"- {d}: SFT student / specialist = {st / s if s else float('nan'):.2f} (target >= 0.90); mixed RL "
                       f"from it ends {m_end - s_end:+.3f} from the specialist (target within 0.02; {source}; standard "
                       f"error of that difference {difference_se(s_end, n_s, m_end, n_m):.3f}, on {n_s} and {n_m} "

@@ -18,6 +18,8 @@ mixed RL stage's step-0 eval (`eval.before_train`).
     python benchmarks/learn_pipeline.py --out /root/lp --report [--plot benchmarks/learn_pipeline.png --readme]
     python benchmarks/learn_pipeline.py --out /root/opd --launch --opd-only --gpu 1   # specialist + distillation only
     python benchmarks/learn_pipeline.py --out /root/lp --launch --final-eval-samples 80   # + the final evaluations
+    python benchmarks/learn_pipeline.py --out /root/lp --launch --pipeline-only --gpu 0 --final-eval-samples 80
+    python benchmarks/learn_pipeline.py --out /root/lp --final-evals-only 0 1 --final-eval-samples 80
 
 `--final-eval-samples K`: after the runs, each specialist's and the mixed RL run's last checkpoint is evaluated
 again with K samples a prompt (`eval.only`, two at a time on the two GPUs), and the report's "within 0.02 of the
@@ -66,16 +68,23 @@ def _stop(proc: subprocess.Popen, grace: float = 60) -> None:
 
 
 def orchestrate(out: Path, opd_steps: int, opd_only: bool = False, gpu: int = 0,
-                final_samples_per_prompt: int = 0) -> None:
+                final_samples_per_prompt: int = 0, pipeline_only: bool = False) -> None:
     """Everything, in order (runs detached from --launch; its log is out/orchestrate.log). `opd_only`: on GPU `gpu`
     alone, the pipeline's math specialist stage only (the same command and folder), then the distillation.
-    `final_samples_per_prompt`: then the compared checkpoints evaluated again with that many samples a prompt."""
+    `pipeline_only`: the pipeline alone on GPU `gpu` (no mixed RL from the base, no distillation), leaving the other
+    GPU free. `final_samples_per_prompt`: then the compared checkpoints evaluated again with that many samples a
+    prompt (on GPU `gpu` alone with `pipeline_only`)."""
     t0 = time.time()
     if opd_only:
         rc = _start([sys.executable, "-m", "launch.pipeline", "+experiment=smol_pipeline", f"run_dir={out / 'pipeline'}",
                      "pipeline.specialists=[math]", "pipeline.stop_after=specialists", "logger.mode=disabled"], gpu,
                     out / "logs" / "pipeline.log").wait()
         print(f"[{time.strftime('%H:%M:%S')}] math specialist exited {rc} after {time.time() - t0:.0f} s", flush=True)
+    elif pipeline_only:
+        rc = _start([sys.executable, "-m", "launch.pipeline", "+experiment=smol_pipeline", f"run_dir={out / 'pipeline'}",
+                     "logger.mode=disabled"], gpu, out / "logs" / "pipeline.log").wait()
+        (out / "timing.json").write_text(json.dumps({"pipeline_s": time.time() - t0, "pipeline_rc": rc}))
+        print(f"[{time.strftime('%H:%M:%S')}] pipeline exited {rc} after {time.time() - t0:.0f} s", flush=True)
     else:
         pipe = _start([sys.executable, "-m", "launch.pipeline", "+experiment=smol_pipeline",
                        f"run_dir={out / 'pipeline'}", "logger.mode=disabled"], 0, out / "logs" / "pipeline.log")
@@ -90,7 +99,7 @@ def orchestrate(out: Path, opd_steps: int, opd_only: bool = False, gpu: int = 0,
     done = complete_checkpoints(out / "pipeline" / "specialists" / "math")
     teacher = done[-1] / "hf" if done else None
     jobs = []
-    if teacher is not None:
+    if teacher is not None and not pipeline_only:
         jobs.append(_start([sys.executable, "-m", "launch.train", "+experiment=smol_mixed", "~domains.agent",
                             f"run_dir={out / 'opd_math'}", f"trainer.total_steps={opd_steps}", "eval.every=5",
                             "eval.before_train=true", "algorithm.objective=distill", f"++domains.math.teacher={teacher}",
@@ -98,7 +107,7 @@ def orchestrate(out: Path, opd_steps: int, opd_only: bool = False, gpu: int = 0,
     for j in jobs:
         j.wait()
     if final_samples_per_prompt and not opd_only:
-        final_evals(out, final_samples_per_prompt)
+        final_evals(out, final_samples_per_prompt, (gpu,) if pipeline_only else (0, 1))
     (out / "DONE").write_text(f"{time.time() - t0:.0f}\n")
     print(f"[{time.strftime('%H:%M:%S')}] done", flush=True)
 
@@ -136,7 +145,7 @@ def launch(args) -> None:
     log = (args.out / "orchestrate.log").open("a")
     subprocess.Popen([sys.executable, __file__, "--out", str(args.out), "--orchestrate", "--opd-steps",
                       str(args.opd_steps), "--gpu", str(args.gpu), "--final-eval-samples", str(args.final_eval_samples),
-                      *(["--opd-only"] if args.opd_only else [])],
+                      *(["--opd-only"] if args.opd_only else []), *(["--pipeline-only"] if args.pipeline_only else [])],
                      cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     print(f"started; progress: python {Path(__file__).name} --out {args.out} --wait 580")
 
@@ -299,16 +308,23 @@ def main() -> None:
     ap.add_argument("--opd-steps", type=int, default=20)
     ap.add_argument("--opd-only", action="store_true",
                     help="only the math specialist (GRPO from the base) and the distillation from it, on --gpu")
-    ap.add_argument("--gpu", type=int, default=0, help="--opd-only: the GPU to run on")
+    ap.add_argument("--pipeline-only", action="store_true",
+                    help="only the pipeline (and --final-eval-samples' evaluations), on --gpu: no mixed RL from the "
+                         "base, no distillation")
+    ap.add_argument("--gpu", type=int, default=0, help="--opd-only, --pipeline-only: the GPU to run on")
     ap.add_argument("--final-eval-samples", type=int, default=0,
                     help="after the runs: each specialist's and the mixed RL run's last checkpoint evaluated again "
                          "with this many samples a prompt (eval.only; e.g. 80: ~5,000 arithmetic samples), for the "
                          "'within 0.02' check")
+    ap.add_argument("--final-evals-only", type=int, nargs="+", metavar="GPU",
+                    help="only --final-eval-samples' evaluations of the runs --out holds, on these GPUs")
     ap.add_argument("--plot")
     ap.add_argument("--readme", action="store_true")
     args = ap.parse_args()
-    if args.orchestrate:
-        orchestrate(args.out, args.opd_steps, args.opd_only, args.gpu, args.final_eval_samples)
+    if args.final_evals_only:
+        final_evals(args.out, args.final_eval_samples or 80, tuple(args.final_evals_only))
+    elif args.orchestrate:
+        orchestrate(args.out, args.opd_steps, args.opd_only, args.gpu, args.final_eval_samples, args.pipeline_only)
     elif args.launch:
         launch(args)
     elif args.wait is not None:

@@ -61,3 +61,27 @@ def test_the_final_evaluations_are_eval_only_runs_of_the_compared_checkpoints_an
     assert "SFT student / specialist = 1.16" in text  # the in-run scores, both at k=4
     assert "ends +0.010 from the specialist (target within 0.02; evaluated again: 0.450 and 0.460; standard error of " \
            "that difference 0.010, on 5120 and 5120 held-out samples)" in text
+
+
+def test_pipeline_only_runs_the_pipeline_and_its_final_evaluations_on_one_gpu(tmp_path, monkeypatch):
+    """--pipeline-only: the pipeline alone on --gpu (no mixed RL from the base, no distillation), then the final
+    evaluations there too, one at a time."""
+    lp = _load()
+    started = []
+
+    class Done:
+        def wait(self, *a):
+            return 0
+
+    monkeypatch.setattr(lp, "_start", lambda cmd, gpu, log: started.append((cmd, gpu)) or Done())
+    for parts in lp.FINAL_EVAL.values():  # each compared run left a complete checkpoint
+        (tmp_path.joinpath(*parts) / "checkpoints").mkdir(parents=True)
+    monkeypatch.setattr(lp, "complete_checkpoints", lambda d: [d / "checkpoints" / "step_5"])
+    lp.orchestrate(tmp_path, opd_steps=20, gpu=1, final_samples_per_prompt=80, pipeline_only=True)
+    assert [gpu for _, gpu in started] == [1, 1, 1, 1]
+    assert "launch.pipeline" in started[0][0]
+    rest = [" ".join(cmd) for cmd, _ in started[1:]]
+    assert all("eval.only=true" in c and "eval.n_samples=80" in c for c in rest)
+    assert not any("base_mixed" in c or "objective=distill" in c for c in rest)
+    assert json.loads((tmp_path / "timing.json").read_text())["pipeline_rc"] == 0
+    assert (tmp_path / "DONE").exists()

@@ -221,10 +221,12 @@ def main() -> None:
                     run_ours(bench, path, out, args.steps, args.timeout, name, tuple(args.override))
             print(table(summaries(bench, out)), flush=True)
     print(table([s for b in args.bench for s in summaries(b, out)]))
-    verl = [json.loads(p.read_text()) for b in args.bench for p in sorted(out.glob(f"verl_{b}_*.json"))]
-    if verl:  # benchmarks/verl_peer.py's runs in the same --out: verl's rows below
-        from verl_peer import table as verl_table
+    # benchmarks/verl_peer.py's runs in the same --out: verl's rows below, summarised from their logs (which also
+    # writes each run's verl_<bench>_<setting>.json)
+    from verl_peer import report as verl_report, table as verl_table
 
+    verl = verl_report(out.resolve(), args.bench, list(VERL_RUNS.values()))
+    if verl:
         print(verl_table(verl))
 
 

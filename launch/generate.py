@@ -291,6 +291,10 @@ def generate(cfg: dict) -> list[dict]:
         return out.summary()
     out.complete.unlink(missing_ok=True)
 
+    if len(by_generator) > 1:
+        # vLLM's in-process engine core keeps this process's CuMem allocator (sleep mode) after its engine is gone,
+        # and the next generator's engine then fails to start on it: each engine core runs in a process of its own
+        cfg["rollout"]["engine_core"] = "subprocess"
     composer = reward_composer(cfg, model_path)
     try:
         for path, units in by_generator.items():

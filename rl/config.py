@@ -229,10 +229,10 @@ def validate(cfg: Mapping) -> None:
     check_number(t, "grad_clip", "trainer", lo=0)
     check_number(t, "lr", "trainer", lo=0)
     check_choice(t, "zero_stage", "trainer", {0, 1, 2, 3})
-    for key in ("pack_sequences", "gradient_checkpointing", "coalesce_grad_reduction"):
+    for key in ("pack_sequences", "gradient_checkpointing"):
         if key in t:
             check_choice(t, key, "trainer", AUTO_BOOL)
-    for key in ("fused_adam", "save_last"):
+    for key in ("coalesce_grad_reduction", "fused_adam", "save_last"):
         if key in t:
             check_choice(t, key, "trainer", {True, False})
     if "compile" in t:

@@ -158,7 +158,19 @@ def test_a_rerun_resumes_without_duplicates(tmp_path):
     assert {r["prompt_id"] for r in _rows(tmp_path / "off")} == {"logic-0"}
 
 
-def test_each_mode_is_sampled_by_its_generator(tmp_path, tiny_moe_path):
+def test_each_mode_is_sampled_by_its_generator(tmp_path, tiny_moe_path, monkeypatch):
+    """Two generator models, one engine after the other in this process: each engine's core runs in a process of
+    its own (vLLM's in-process core keeps the process's sleep-mode allocator, and the second engine failed on it)."""
+    import rollout.worker
+
+    cores = []
+
+    class Recording(rollout.worker.RolloutWorker):
+        def __init__(self, cfg, *a, **k):
+            cores.append(cfg["rollout"].get("engine_core"))
+            super().__init__(cfg, *a, **k)
+
+    monkeypatch.setattr(rollout.worker, "RolloutWorker", Recording)
     a, b = tmp_path / "specialist_thinking", tmp_path / "specialist_direct"
     os.symlink(tiny_moe_path, a)
     os.symlink(tiny_moe_path, b)
@@ -169,6 +181,7 @@ def test_each_mode_is_sampled_by_its_generator(tmp_path, tiny_moe_path):
     generate(cfg)
     gens = {(r["domain"], r["mode"], r["generator"]) for r in _rows(out)}
     assert gens == {("math", "thinking", str(a)), ("math", "non_thinking", str(b)), ("logic", None, str(b))}
+    assert cores == ["subprocess", "subprocess"]
 
 
 @pytest.mark.parametrize("override, match", [

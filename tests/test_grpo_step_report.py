@@ -93,3 +93,16 @@ def test_verl_runs_go_to_verl_peer_with_their_setting_in_the_same_out(grpo_step,
     assert calls == ["cpus", ("smol", "defaults", "/models/smol", tmp_path.resolve(), 6, 900.0),
                      ("smol", "best", "/models/smol", tmp_path.resolve(), 6, 900.0)]
     assert grpo_step.VERL_RUNS == {"verl_defaults": "defaults", "verl_best": "best"}
+
+
+def test_the_report_prints_verls_rows_from_its_runs_logs(grpo_step, tmp_path, monkeypatch, capsys):
+    """A verl run of `--only verl_best` leaves its step log in --out; the report summarises it into verl's rows
+    (it printed none when the run's own summary file had not been written)."""
+    run = tmp_path / "verl_qwen06b_best"
+    run.mkdir()
+    run.joinpath("steps.jsonl").write_text("".join(
+        json.dumps({"step": k, "data": {"timing_s/step": 18.0 + k, "timing_s/gen": 10.0}}) + "\n" for k in (1, 2, 3)))
+    monkeypatch.setattr("sys.argv", ["grpo_step.py", "--out", str(tmp_path), "--bench", "qwen06b", "--report"])
+    grpo_step.main()
+    assert "| qwen06b | best | 20.50 |" in capsys.readouterr().out
+    assert json.loads((tmp_path / "verl_qwen06b_best.json").read_text())["s_step"] == 20.5

@@ -72,34 +72,6 @@ def test_coalesced_zero2_steps_update_as_per_micro_batch_reduction(sft, dtype):
         torch.testing.assert_close(states[0][k].float(), states[1][k].float(), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_auto_coalesces_only_mini_batches_of_several_micro_batches(sft, dtype):
-    """coalesce_grad_reduction=auto: a mini-batch of one micro-batch runs ZeRO's per-parameter hooks during its
-    backward (no coalesced block: nothing to add up), one of several micro-batches is coalesced; both steps update
-    exactly as `true` (every mini-batch coalesced) does."""
-    cfg, trajs, path = sft
-    # one micro-batch, then several (cut at the longest conversation, which the second holds)
-    minibatches = [trajs[1:2], trajs[:1] + trajs[2:]]
-    norms = [minibatch_norm(mb) for mb in minibatches]
-    cfg = copy.deepcopy(cfg)
-    cfg["model"]["dtype"] = dtype
-    cfg["trainer"].update(mini_batches=2, micro_batch_tokens=max(t.num_tokens for t in trajs))
-    states, sums, blocks = [], [], []
-    for mode in ("auto", True):
-        cfg["trainer"]["coalesce_grad_reduction"] = mode
-        tr = PolicyTrainer(copy.deepcopy(cfg), path, 0, 1, "127.0.0.1", _port())
-        entered, real = [], tr.engine.coalesce_grad_reduction
-        tr.engine.coalesce_grad_reduction = lambda: entered.append(1) or real()
-        sums.append(tr.train_step(minibatches, norms))
-        states.append(tr.full_state_dict())
-        blocks.append(len(entered))
-    assert blocks == [1, 2], (blocks, sums)  # auto: the second mini-batch only
-    assert sums[0]["optimizer_steps"] == sums[1]["optimizer_steps"] == 2 and sums[0]["micro_batches"] > 2
-    assert sums[0]["grad_norm"] == pytest.approx(sums[1]["grad_norm"], rel=1e-5)
-    for k in states[1]:
-        torch.testing.assert_close(states[0][k].float(), states[1][k].float(), rtol=0, atol=1e-6)
-
-
 def test_fused_adam_goes_through_deepspeed_to_torch_with_the_same_update(sft):
     """trainer.fused_adam: DeepSpeed builds torch's AdamW with fused=True (one kernel per step over ZeRO's flat
     float32 partition); its update equals the foreach one up to float rounding. Off by default."""

@@ -186,15 +186,10 @@ class PolicyTrainer:
         # the model's dtype as ZeRO's own buffers would) and ZeRO reduces them once, when the mini-batch ends
         # (DeepSpeed's coalesce_grad_reduction), instead of copying every parameter's gradient into its buckets
         # after every micro-batch: those per-parameter hooks ran on the CPU while the GPU waited (benchmarks/README.md)
-        # With one micro-batch there is nothing to add up, and the hooks that copy each gradient as the backward
-        # produces it run while the GPU still has the backward queued; coalesced, the same copies (~550 for SmolLM2)
-        # are launched after it while the GPU waits. So `auto` coalesces only mini-batches of several micro-batches
-        mode = str(tcfg.get("coalesce_grad_reduction", "auto")).lower()
-        self.coalesce = (mode != "false" and self.zero_stage in (1, 2)
+        self.coalesce = (bool(tcfg.get("coalesce_grad_reduction", True)) and self.zero_stage in (1, 2)
                          and not optimizer_offloaded(tcfg)  # the offloaded ZeRO-2 copies gradients to the host itself
                          and hasattr(self.engine, "coalesce_grad_reduction")
                          and hasattr(self.engine.optimizer, "_coalesce_grad_reduction"))
-        self.coalesce_single = mode == "true"  # coalesce a mini-batch of one micro-batch too
         drop_per_gradient_overflow_check(self.engine.optimizer)
         if self.zero_stage == 3:
             self.engine.module.register_zero3_external_head()
@@ -257,8 +252,7 @@ class PolicyTrainer:
         recompute = self.cfg["algorithm"].get("old_logprobs") == "trainer" and "inference_logprobs" in self.objective.needs
         old = self._recompute_old(plan) if recompute else None
         for mb_index, (micro, norm) in enumerate(zip(plan, norms)):
-            coalesce = self.coalesce and (len(micro) > 1 or self.coalesce_single)
-            with self._one_reduction(coalesce):
+            with self._one_reduction():
                 for mc_index, chunk in enumerate(micro):
                     batch = collate(chunk, self.tokenizer.pad_token_id, self.packed).to(self.engine.device)
                     if "inference_logprobs" in self.objective.needs and batch.inference_logprobs is None:
@@ -269,15 +263,15 @@ class PolicyTrainer:
                     with route_replay(self.model, batch, self.keep_routing) as replay:
                         out = self._forward(batch, with_entropy=True)
                         loss, stats = self.objective.loss(out.logprobs, batch, self.cfg["algorithm"], norm)
-                        if (self.auto_micro or self.coalesce) and not coalesce:  # before backward: ZeRO's hooks read it
+                        if self.auto_micro and not self.coalesce:  # before backward: ZeRO's gradient hooks read it
                             self.engine.set_gradient_accumulation_boundary(mc_index == len(micro) - 1)
                         self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
-                    if not coalesce:
+                    if not self.coalesce:
                         self._step()
                     routing = replay.device_counts()  # read with the other sums, once the step is done
                     stat_sums.add(forward_sums(batch, out, routing, first_minibatch=mb_index == 0))
                     stat_sums.add(self.objective.sums(batch, stats))
-            if coalesce:  # the mini-batch's gradients were reduced as the block ended: its one update
+            if self.coalesce:  # the mini-batch's gradients were reduced as the block ended: its one update
                 self.engine.set_gradient_accumulation_boundary(True)
                 self._step()
             norm = self.engine.get_global_grad_norm()
@@ -302,9 +296,9 @@ class PolicyTrainer:
                                     ) if grads else 0.0
         self.engine.step()
 
-    def _one_reduction(self, coalesce: bool):
+    def _one_reduction(self):
         """The block of one mini-batch's micro-batches (see `self.coalesce`); a plain block otherwise."""
-        return self.engine.coalesce_grad_reduction() if coalesce else contextlib.nullcontext()
+        return self.engine.coalesce_grad_reduction() if self.coalesce else contextlib.nullcontext()
 
     def _set_checkpointing(self, on: bool) -> None:
         m = self.model  # transformers >= 5.22 names it activation checkpointing (the old names warn)

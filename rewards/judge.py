@@ -45,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "model": None, "mode": "expected", "max_prompt_tokens": 2048, "max_new_tokens": 32, "temperature": 0.0,
     "score_max": 9, "dtype": None, "device": None, "engine": None, "gpu_memory_utilization": None,
     "num_cpus": 0, "num_gpus": 0, "batch_size": None, "timeout_s": 300.0, "tensor_parallel_size": 1,
+    "engine_args": None,
 }
 MIN_KEEP_TOKENS = 32  # never cut a field below this many tokens; past that the request fails with a reason
 PROMPT = (

@@ -48,6 +48,9 @@ def judge_engine_config(cfg: Mapping, model_path: str | None = None) -> tuple[di
     if rcfg["tensor_parallel_size"] > 1:
         rcfg["engine"] = "vllm"
     rcfg["logprobs"] = 1  # vLLM: the judge needs no Keep-Sampling-Mask capture
+    # the rollout's extra vLLM arguments were set for the policy's engine (a kv_cache_memory_bytes there is the
+    # policy's KV cache, a start plan the user made for it): the judge has its own, rewards.judge.engine_args
+    rcfg["engine_args"] = dict(j["engine_args"] or {})
     if j["gpu_memory_utilization"]:
         rcfg["gpu_memory_utilization"] = j["gpu_memory_utilization"]
     mcfg["dtype"] = j["dtype"] or mcfg.get("dtype") or "float32"

@@ -245,6 +245,22 @@ def test_the_judge_runs_on_its_own_gpu_share_whatever_the_rollouts_parallelism(t
     assert rcfg["tensor_parallel_size"] == 2 and rcfg["engine"] == "vllm"
 
 
+def test_the_judge_takes_its_own_engine_args_not_the_rollouts(tiny_moe_path):
+    """rollout.engine_args were set for the policy's engine (here its KV-cache size): the judge, another model,
+    starts with rewards.judge.engine_args instead."""
+    from launch.config import compose
+    from rollout.judge_worker import judge_engine_config
+
+    cfg = compose(["+rollout.engine_args.kv_cache_memory_bytes=1000000", "+rollout.engine_args.max_num_seqs=8"])
+    assert cfg["rewards"]["judge"]["engine_args"] == {}
+    rcfg, _, _ = judge_engine_config(cfg, tiny_moe_path)
+    assert rcfg["engine_args"] == {}
+    cfg = compose(["+rollout.engine_args.kv_cache_memory_bytes=1000000", "+rewards.judge.engine_args.max_num_seqs=4"])
+    rcfg, _, _ = judge_engine_config(cfg, tiny_moe_path)
+    assert rcfg["engine_args"] == {"max_num_seqs": 4}
+    assert cfg["rollout"]["engine_args"] == {"kv_cache_memory_bytes": 1000000}  # the rollout's own are untouched
+
+
 def test_the_judge_worker_sets_its_engines_environment_first(tiny_moe_path, monkeypatch):
     """A tensor-parallel judge's actor holds no GPU: the placement's variables (where vLLM's Ray workers go, and
     Ray's empty CUDA_VISIBLE_DEVICES dropped) are set before its engine starts."""

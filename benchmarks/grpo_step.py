@@ -178,16 +178,26 @@ def summarize(bench: str, out: Path, name: str = "ours") -> dict:
     return s
 
 
+def with_verl(summary: dict, verl: dict[str, float]) -> dict:
+    """`summary` with verl's s/step per setting (verl_peer.py's runs of its bench: {setting: s/step}) and how many
+    times ours' step is faster than verl's fastest setting (the issue's ">= 4x verl")."""
+    fastest = min(verl.values()) if verl else None
+    return {**summary, "verl": verl, "vs_verl": fastest / summary["ours"] if fastest and summary["ours"] else None}
+
+
 def table(summaries: list[dict]) -> str:
     f = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
-    lines = ["| benchmark | TRL s/step | ours s/step | ours / TRL "
+    lines = ["| benchmark | TRL s/step | verl s/step (defaults / best) | ours s/step | ours / TRL | verl (fastest) / ours "
              "| ours: rollout / rollout_wait / reward / ref / train / sync s "
              "| rollout tokens/s | train MFU | steps (ours, TRL) | step throughput vs ours on 1 GPU |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         phases = " / ".join(f(s[ph]) for ph in PHASES)
         mfu = "-" if s["mfu"] is None else f"{100 * s['mfu']:.1f}%"
-        lines.append(f"| {s['bench']} | {f(s['trl'])} | {f(s['ours'])} | {f(s['ratio'])} | {phases} | "
+        verl = s.get("verl") or {}
+        verl_s = " / ".join(f(verl.get(setting)) for setting in VERL_RUNS.values())
+        lines.append(f"| {s['bench']} | {f(s['trl'])} | {verl_s} | {f(s['ours'])} | {f(s['ratio'])} | "
+                     f"{f(s.get('vs_verl'))}{'x' if s.get('vs_verl') else ''} | {phases} | "
                      f"{f(s['rollout_tok_s'], 0)} | {mfu} | {s['ours_steps']}, {s['trl_steps']} | "
                      f"{f(s.get('speedup'))}{'x' if s.get('speedup') else ''} |")
     return "\n".join(lines)
@@ -220,12 +230,13 @@ def main() -> None:
                 if name in args.only:
                     run_ours(bench, path, out, args.steps, args.timeout, name, tuple(args.override))
             print(table(summaries(bench, out)), flush=True)
-    print(table([s for b in args.bench for s in summaries(b, out)]))
-    # benchmarks/verl_peer.py's runs in the same --out: verl's rows below, summarised from their logs (which also
-    # writes each run's verl_<bench>_<setting>.json)
+    # benchmarks/verl_peer.py's runs in the same --out, summarised from their logs (which also writes each run's
+    # verl_<bench>_<setting>.json): verl's s/step beside ours and TRL's, its phases in a table of its own below
     from verl_peer import report as verl_report, table as verl_table
 
     verl = verl_report(out.resolve(), args.bench, list(VERL_RUNS.values()))
+    verl_s = {b: {v["setting"]: v["s_step"] for v in verl if v["bench"] == b and v["s_step"]} for b in args.bench}
+    print(table([with_verl(s, verl_s[b]) for b in args.bench for s in summaries(b, out)]))
     if verl:
         print(verl_table(verl))
 

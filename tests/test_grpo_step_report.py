@@ -104,5 +104,11 @@ def test_the_report_prints_verls_rows_from_its_runs_logs(grpo_step, tmp_path, mo
         json.dumps({"step": k, "data": {"timing_s/step": 18.0 + k, "timing_s/gen": 10.0}}) + "\n" for k in (1, 2, 3)))
     monkeypatch.setattr("sys.argv", ["grpo_step.py", "--out", str(tmp_path), "--bench", "qwen06b", "--report"])
     grpo_step.main()
-    assert "| qwen06b | best | 20.50 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| qwen06b | best | 20.50 |" in printed
+    # beside ours in the main table: verl's s/step per setting (defaults / best) and its fastest against ours
+    assert "| qwen06b, colocated on 1 GPU | - | - / 20.50 | - | - | - |" in printed
+    row = grpo_step.with_verl({"ours": 5.0}, {"defaults": 30.0, "best": 20.5})
+    assert row["vs_verl"] == pytest.approx(4.1)
+    assert grpo_step.with_verl({"ours": None}, {"best": 20.5})["vs_verl"] is None
     assert json.loads((tmp_path / "verl_qwen06b_best.json").read_text())["s_step"] == 20.5

@@ -269,8 +269,10 @@ def generate(cfg: dict) -> list[dict]:
     # after checking it, agent blocks completed in place) still generates here
     cfg["domains"] = chosen
     check_generators(g, cfg)
-    # Nothing of the sampling is trained on: no kept sets or routes to record; k samples per prompt (1 is fine here)
+    # Nothing of the sampling is trained on: no kept sets or routes to record, no batch-invariant engine for the
+    # trainer to match (algorithm.on_policy); k samples per prompt (1 is fine here)
     cfg["algorithm"]["keep_sampling_mask"] = cfg["algorithm"]["keep_routing"] = False
+    cfg["algorithm"]["on_policy"] = "default"
     cfg["rollout"]["n_samples"] = int(g["k"])
     out = Output(Path(g["out"]), {**{k: g[k] for k in SETTINGS}, "generators": {
         f"{d}/{MODE_NAMES[m]}": generator_of(g, cfg, d, m) for d, spec in cfg["domains"].items()

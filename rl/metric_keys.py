@@ -88,6 +88,8 @@ KEYS: list[tuple[str, str, str]] = [
      "waits; about 0 when the first round filled the step)"),
     ("time/ref", "every step", "seconds of the reference model's forward (0 when no sample has a KL term)"),
     ("time/train", "every step", "seconds of the policy update"),
+    ("time/train_rank", "every step", "seconds a trainer rank spent in the update (the mean over ranks, the GPU's "
+     "work included); time/train minus it is the dispatch: sending the samples to the ranks, their results back"),
     ("time/sync", "every step", "seconds of the weight sync to the rollout engines"),
     ("time/sync_<piece>", "vLLM only", "parts of the vLLM weight sync: wake (workers wake their weights), send (the "
      "trainer sends), send_rank (a rank's own share of it), finish (workers finish and wake the KV cache)"),

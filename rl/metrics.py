@@ -172,6 +172,8 @@ def trainer_metrics(rank_sums: list[dict], domains: list[str], mini_batches: int
         "memory/others_gib": s["gpu_others_gib"] / n_ranks if "gpu_others_gib" in s else None,
         "memory/trainer_peak_gib": s["gpu_peak_gib"] / n_ranks if "gpu_peak_gib" in s else None,
     }
+    if "rank_seconds" in s:  # the ranks' own time in the update: time/train minus it is the calls' dispatch
+        m["time/train_rank"] = s["rank_seconds"] / n_ranks
     if "payload_bytes" in s:  # samples whose per-token arrays came by reference (rollout.payload_by_reference)
         m["time/payload_fetch"] = s["payload_fetch_s"] / n_ranks
         m["perf/payload_fetched_mb"] = s["payload_bytes"] / 1e6

@@ -62,6 +62,8 @@ def test_mixed_rl_embedded_default(quick_start_run):
         else:
             assert r["episode/agent/turns"] is None and r["episode/agent/success"] is None and r["time/tools"] is None
         assert (r["opsm/agent/masked_frac"] is None) == (r["samples/agent"] == 0)
+        # the rank's own time in the update, inside the driver's (which adds sending the samples, the results back)
+        assert 0 < r["time/train_rank"] <= r["time/train"]
     # held-out eval every 6 steps on math and logic (rl/bundled/eval/)
     for r in rows:
         evaluated = r["step"] in (6, 12)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -223,8 +224,11 @@ class PolicyTrainer:
         out = None
         if self.steps_run == self.profile_step and self.cfg.get("run_dir"):
             out = Path(self.cfg["run_dir"]) / "profile" / f"train_step{self.steps_run}_rank{self.rank}"
+        start = time.perf_counter()
         with profiled(out, self.engine.device):
-            return self._train_step(minibatches, norms)
+            sums = self._train_step(minibatches, norms)  # its sums are read back: the GPU's work is done
+        sums["rank_seconds"] = time.perf_counter() - start
+        return sums
 
     def _train_step(self, minibatches: list[list[Trajectory]], norms: list[tuple[int, int]]) -> dict:
         sums: dict[str, float] = defaultdict(float)

@@ -235,6 +235,9 @@ def main() -> None:
     from verl_peer import report as verl_report, table as verl_table
 
     verl = verl_report(out.resolve(), args.bench, list(VERL_RUNS.values()))
+    found = {(v["bench"], v["setting"]) for v in verl}  # runs whose logs are gone: their summary files, as written
+    verl += [s for b in args.bench for p in sorted(out.glob(f"verl_{b}_*.json"))
+             if (s := json.loads(p.read_text()))["bench"] == b and (b, s["setting"]) not in found]
     verl_s = {b: {v["setting"]: v["s_step"] for v in verl if v["bench"] == b and v["s_step"]} for b in args.bench}
     print(table([with_verl(s, verl_s[b]) for b in args.bench for s in summaries(b, out)]))
     if verl:

@@ -296,6 +296,7 @@ def generate(cfg: dict) -> list[dict]:
     if len(by_generator) > 1:
         # vLLM's in-process engine core keeps this process's CuMem allocator (sleep mode) after its engine is gone,
         # and the next generator's engine then fails to start on it: each engine core runs in a process of its own
+        # (a tensor-parallel engine's core stays here, its GPU work is in vLLM's Ray workers)
         cfg["rollout"]["engine_core"] = "subprocess"
     composer = reward_composer(cfg, model_path)
     try:

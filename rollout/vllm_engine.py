@@ -256,6 +256,8 @@ class VLLMEngine:
             # vLLM's engine core runs in this process instead of a spawned one that imports vLLM and torch again
             # (~13 s of each instance's start on a GPU machine, benchmarks/README.md cold_start.py)
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        elif int(tensor_parallel_size) == 1:  # vLLM's own default, whatever an earlier engine of this process set
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         plan = StartTurn(kwargs, start, int(tensor_parallel_size))  # may wait for the waves before it
         self.llm = LLM(**kwargs)
         plan.record(self.llm)

@@ -111,4 +111,11 @@ def test_the_report_prints_verls_rows_from_its_runs_logs(grpo_step, tmp_path, mo
     row = grpo_step.with_verl({"ours": 5.0}, {"defaults": 30.0, "best": 20.5})
     assert row["vs_verl"] == pytest.approx(4.1)
     assert grpo_step.with_verl({"ours": None}, {"best": 20.5})["vs_verl"] is None
+    # a run whose logs are gone still shows from the summary file it left
+    (tmp_path / "verl_qwen06b_defaults.json").write_text(json.dumps(
+        {"bench": "qwen06b", "setting": "defaults", "steps": 6, "s_step": 30.0, "reward_mean": None,
+         "response_length": None, "phases": dict.fromkeys(["gen", "reward", "old_log_prob", "ref", "adv",
+                                                           "update_actor", "update_weights"], 1.0)}))
+    grpo_step.main()
+    assert "| qwen06b, colocated on 1 GPU | - | 30.00 / 20.50 | - | - | - |" in capsys.readouterr().out
     assert json.loads((tmp_path / "verl_qwen06b_best.json").read_text())["s_step"] == 20.5

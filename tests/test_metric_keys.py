@@ -47,7 +47,8 @@ def test_every_key_the_metric_functions_make_has_a_row():
                                agent_domains=["agent"]))
     keys |= set(rollout_metrics(trajs[:2], {"logic": ["exact_match"]}, agent_domains=["agent"]))
     sums = {"loss/pg": 1.0, "loss/kl": 0.0, "tokens": 3, "clip_tokens": 1, "is_weight_sum": 3.0, "is_clip_sum": 0.0,
-            "gpu_free_gib": 1.0, "gpu_others_gib": 1.0, "gpu_peak_gib": 1.0, "seqs/logic": 2, "kl_seqs/logic": 2}
+            "gpu_free_gib": 1.0, "gpu_others_gib": 1.0, "gpu_peak_gib": 1.0, "seqs/logic": 2, "kl_seqs/logic": 2,
+            "rank_seconds": 1.0}
     keys |= set(trainer_metrics([sums], ["logic", "math"], 1, GRPO.metrics))
     distilled = {**sums, "distill_gap/logic": 0.5, "distill_tokens/logic": 3}
     keys |= set(trainer_metrics([distilled], ["logic", "math"], 1, DISTILL_OBJECTIVE.metrics))

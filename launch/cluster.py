@@ -272,9 +272,12 @@ def numbered(role: str, i: int, size: int) -> str:
 
 
 class Cluster:
-    def __init__(self, cfg: dict, model_path: str, timeline: StartupTimeline | None = None):
-        """`timeline`: where each actor's readiness and the weight sync's set-up are marked (launch/startup.py)."""
+    def __init__(self, cfg: dict, model_path: str, timeline: StartupTimeline | None = None, trainers: bool = True):
+        """`timeline`: where each actor's readiness and the weight sync's set-up are marked (launch/startup.py).
+        `trainers=False`: no trainer ranks, reference or teachers (`eval.only` of model.path: the rollout workers
+        load those weights themselves, and nothing trains or syncs)."""
         self.cfg = cfg
+        self.with_trainers = trainers
         self.timeline = timeline
         if not (cfg.get("ray") or {}).get("address"):  # a cluster we started: its CPUs are all there will be
             check_cpu_reservations(cfg, float(ray.cluster_resources().get("CPU", 0)))
@@ -358,7 +361,7 @@ class Cluster:
         if self.reference is not None:
             ray.get(self.reference.ready.remote())
         ray.get([a.ready.remote() for a in self.teachers.values()])
-        if engine_spec(ray.get(self.rollout.actors[0].engine_name.remote())).weight_sync == "vllm":
+        if self.trainers and engine_spec(ray.get(self.rollout.actors[0].engine_name.remote())).weight_sync == "vllm":
             from launch.weight_sync import VLLMWeightSync
 
             self._weight_sync = VLLMWeightSync(cfg, self.rollout.actors, self.trainers)
@@ -390,6 +393,8 @@ class Cluster:
     def _start_trainers(self, cfg: dict, model_path: str, gpu_after: list) -> None:
         """Create the trainer ranks, the reference model and the teachers (their `ready` is awaited later); each
         loads its model to the GPU once the calls in `gpu_after` have returned (`trainer.dist.wait_for`)."""
+        if not self.with_trainers:
+            return
         t = cfg["trainer"]
         n = int(t["num_processes"])
         trainer_cls = ray.remote(num_cpus=t["num_cpus"], num_gpus=t["num_gpus"])(PolicyTrainer)

@@ -48,10 +48,11 @@ def train(cfg: dict, launched: float | None = None) -> dict:
         timeline.mark("data")
         start_ray(cfg["ray"], run_dir, cfg["logger"])
         timeline.mark("ray")
-        # actors write there (trainer.profile_step)
-        cluster = Cluster({**cfg, "run_dir": str(run_dir)}, model_path, timeline)
-        start = resume(cluster, source, candidates)
         only = bool((cfg.get("eval") or {}).get("only"))
+        # actors write there (trainer.profile_step); eval.only of model.path (no checkpoint to resume) needs no trainer
+        trainers = not (only and not candidates)
+        cluster = Cluster({**cfg, "run_dir": str(run_dir)}, model_path, timeline, trainers=trainers)
+        start = resume(cluster, source, candidates)
         if only:  # verl's val_only: evaluate the weights the run starts from (a row of step `start`), train nothing
             total = start
         tracker = Tracker(cfg, run_dir, total, start, resume=bool(candidates), launched=timeline.launched,
@@ -59,7 +60,7 @@ def train(cfg: dict, launched: float | None = None) -> dict:
         source.start(cluster, tracker, total)
         if only:
             source.evaluate_now(start)
-        peak = resolve_peak_tflops(t.get("peak_tflops"), cluster.trainer_device_name())
+        peak = resolve_peak_tflops(t.get("peak_tflops"), cluster.trainer_device_name()) if cluster.trainers else None
         perf = PerfMeter(load_body_flops(model_path), peak, int(t["num_processes"]),
                          recompute_old=cfg["algorithm"].get("old_logprobs") == "trainer")
         for step in range(start + 1, total + 1):

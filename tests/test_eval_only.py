@@ -47,3 +47,17 @@ def test_eval_only_scores_the_resumed_checkpoint_and_trains_nothing(tmp_path):
     assert not any(k.startswith(("loss/", "time/train", "reward/")) for k in ev), sorted(ev)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir()) == ["step_000001", "step_000002"]
     assert (run_dir / "rollouts" / "eval_only_step_000001.jsonl").exists()  # beside the run's own, not over them
+
+
+@pytest.mark.slow
+def test_eval_only_of_the_model_path_starts_no_trainer(tmp_path):
+    """Nothing to resume: the rollout workers load model.path themselves, so no trainer rank (nor its DeepSpeed state,
+    nor the reference) starts; the one row is the evaluation of step 0."""
+    run_dir = tmp_path / "run"
+    rows = _train(run_dir, "eval.only=true")
+    assert [r["step"] for r in rows] == [0]
+    assert rows[0]["eval/k"] == 3 and 0 <= rows[0]["eval/math/pass@1"] <= 1
+    started = json.loads((run_dir / "summary.json").read_text())["start_up"]
+    assert "rollout0" in started or "rollout" in started, started
+    assert not any(name.startswith(("trainer", "reference")) for name in started), started
+    assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())

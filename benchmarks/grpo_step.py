@@ -230,14 +230,12 @@ def main() -> None:
                 if name in args.only:
                     run_ours(bench, path, out, args.steps, args.timeout, name, tuple(args.override))
             print(table(summaries(bench, out)), flush=True)
-    # benchmarks/verl_peer.py's runs in the same --out, summarised from their logs (which also writes each run's
-    # verl_<bench>_<setting>.json): verl's s/step beside ours and TRL's, its phases in a table of its own below
+    # benchmarks/verl_peer.py's runs in the same --out: their logs summarised into verl_<bench>_<setting>.json (a run
+    # whose logs are gone keeps the file it left), then verl's s/step beside ours and TRL's, its phases in a table below
     from verl_peer import report as verl_report, table as verl_table
 
-    verl = verl_report(out.resolve(), args.bench, list(VERL_RUNS.values()))
-    found = {(v["bench"], v["setting"]) for v in verl}  # runs whose logs are gone: their summary files, as written
-    verl += [s for b in args.bench for p in sorted(out.glob(f"verl_{b}_*.json"))
-             if (s := json.loads(p.read_text()))["bench"] == b and (b, s["setting"]) not in found]
+    verl_report(out.resolve(), args.bench, list(VERL_RUNS.values()))
+    verl = [json.loads(p.read_text()) for b in args.bench for p in sorted(out.glob(f"verl_{b}_*.json"))]
     verl_s = {b: {v["setting"]: v["s_step"] for v in verl if v["bench"] == b and v["s_step"]} for b in args.bench}
     print(table([with_verl(s, verl_s[b]) for b in args.bench for s in summaries(b, out)]))
     if verl:

@@ -67,6 +67,12 @@ def _stop(proc: subprocess.Popen, grace: float = 60) -> None:
         proc.wait()
 
 
+def pipeline_command(out: Path, *overrides: str) -> list[str]:
+    """`launch.pipeline +experiment=smol_pipeline` in out/pipeline (the same folder resumes a cut run)."""
+    return [sys.executable, "-m", "launch.pipeline", "+experiment=smol_pipeline", f"run_dir={out / 'pipeline'}",
+            *overrides, "logger.mode=disabled"]
+
+
 def orchestrate(out: Path, opd_steps: int, opd_only: bool = False, gpu: int = 0,
                 final_samples_per_prompt: int = 0, pipeline_only: bool = False) -> None:
     """Everything, in order (runs detached from --launch; its log is out/orchestrate.log). `opd_only`: on GPU `gpu`
@@ -76,18 +82,15 @@ def orchestrate(out: Path, opd_steps: int, opd_only: bool = False, gpu: int = 0,
     prompt (on GPU `gpu` alone with `pipeline_only`)."""
     t0 = time.time()
     if opd_only:
-        rc = _start([sys.executable, "-m", "launch.pipeline", "+experiment=smol_pipeline", f"run_dir={out / 'pipeline'}",
-                     "pipeline.specialists=[math]", "pipeline.stop_after=specialists", "logger.mode=disabled"], gpu,
+        rc = _start(pipeline_command(out, "pipeline.specialists=[math]", "pipeline.stop_after=specialists"), gpu,
                     out / "logs" / "pipeline.log").wait()
         print(f"[{time.strftime('%H:%M:%S')}] math specialist exited {rc} after {time.time() - t0:.0f} s", flush=True)
     elif pipeline_only:
-        rc = _start([sys.executable, "-m", "launch.pipeline", "+experiment=smol_pipeline", f"run_dir={out / 'pipeline'}",
-                     "logger.mode=disabled"], gpu, out / "logs" / "pipeline.log").wait()
+        rc = _start(pipeline_command(out), gpu, out / "logs" / "pipeline.log").wait()
         (out / "timing.json").write_text(json.dumps({"pipeline_s": time.time() - t0, "pipeline_rc": rc}))
         print(f"[{time.strftime('%H:%M:%S')}] pipeline exited {rc} after {time.time() - t0:.0f} s", flush=True)
     else:
-        pipe = _start([sys.executable, "-m", "launch.pipeline", "+experiment=smol_pipeline",
-                       f"run_dir={out / 'pipeline'}", "logger.mode=disabled"], 0, out / "logs" / "pipeline.log")
+        pipe = _start(pipeline_command(out), 0, out / "logs" / "pipeline.log")
         base = _start([sys.executable, "-m", "launch.train", "+experiment=smol_mixed", f"run_dir={out / 'base_mixed'}",
                        "trainer.total_steps=1000", "eval.before_train=true", *QUIET], 1, out / "logs" / "base_mixed.log")
         rc = pipe.wait()

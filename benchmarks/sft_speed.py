@@ -75,7 +75,8 @@ and TRL's per-step logging, a few ms) and counts the loss tokens (labels != -100
 micro-batches. Both leave out the first `--warmup` steps (CUDA / allocator warm-up, compilation), and ours' step
 `trainer.profile_step` when `--override` sets it. The table: steps timed, conversations, loss tokens, seconds, loss
 tokens/s, and the first and last step losses of each (the same task on the same model: they should start alike and
-fall alike). It shows every run that `--out` holds (a run left out with `--only` shows its earlier result).
+fall alike). It shows every run that `--out` holds (a run left out with `--only` shows its earlier result). Below
+it, where ours' median step goes: each `time/*` metric, and the dispatch (`time/train` - `time/train_rank`).
 
     python benchmarks/sft_speed.py --out /tmp/sft_speed                      # one GPU, SmolLM2-135M-Instruct
     python benchmarks/sft_speed.py --out /tmp/sft_speed_cpu --device cpu --tiny   # CPU check, embedded model
@@ -382,6 +383,21 @@ def ours_rows(run_dir: Path) -> list[dict]:
             for r in read_jsonl(run_dir / "metrics.jsonl")]
 
 
+def ours_step_split(run_dir: Path, warmup: int) -> str:
+    """Where ours' median step goes: the median of each time/* metric over the timed steps. time/train is the driver's
+    Ray call, time/train_rank the rank's own update inside it: the difference is the call's dispatch and return."""
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("step", 0) > warmup]
+    keys = sorted({k for r in rows for k in r if k.startswith("time/")})
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    parts = {k: med([r[k] for r in rows if isinstance(r.get(k), (int, float))]) for k in keys}
+    if not parts:
+        return ""
+    text = ", ".join(f"{k} {v * 1000:.1f}" for k, v in parts.items())
+    if "time/train" in parts and "time/train_rank" in parts:
+        text += f"; dispatch (time/train - time/train_rank) {(parts['time/train'] - parts['time/train_rank']) * 1000:.1f}"
+    return f"ours, median ms a step: {text}"
+
+
 def run_attention(run_dir: Path) -> str:
     if (run_dir / "attention.txt").exists():
         return (run_dir / "attention.txt").read_text().strip()
@@ -493,6 +509,9 @@ def main() -> None:
     for s in results:  # which attention each ran (ours: its config; TRL: what its model reported)
         s["attention"] = run_attention(out / s["name"])
     print(report(results, walls))
+    split = ours_step_split(out / "ours", args.warmup)
+    if split:
+        print(split)
 
 
 if __name__ == "__main__":

@@ -479,12 +479,18 @@ class Cluster:
         outs = self._get_trainers([a.frozen_logprobs.remote(name, share) for a, share in zip(self.trainers, shares)])
         return [lp for out in outs for lp in out][:len(trajs)]
 
-    def train(self, minibatches: list[list[Trajectory]]) -> list[dict]:
-        """Each mini-batch is split evenly across ranks; the loss is normalised by the whole mini-batch."""
+    def submit_train(self, minibatches: list[list[Trajectory]]) -> list:
+        """Send a step's update to the ranks (`train_results` waits for it). Each mini-batch is split evenly across
+        ranks; the loss is normalised by the whole mini-batch. A rank runs its calls in order, so an update submitted
+        while the previous one runs starts as soon as it ends."""
         n = len(self.trainers)
         norms = [minibatch_norm(mb) for mb in minibatches]
         shards = [[split_even(mb, n)[rank] for mb in minibatches] for rank in range(n)]
-        return self._get_trainers([a.train_step.remote(shards[r], norms) for r, a in enumerate(self.trainers)])
+        return [a.train_step.remote(shards[r], norms) for r, a in enumerate(self.trainers)]
+
+    def train_results(self, submitted: list) -> list[dict]:
+        """Each rank's metric sums of a submitted update."""
+        return self._get_trainers(submitted)
 
     def sync_weights(self) -> dict[str, float]:
         """Trainer -> rollout workers: vLLM's GPU weight transfer (CUDA IPC / NCCL), else the object store.

@@ -3,6 +3,9 @@
     samples from the objective's source -> policy update (mini-batches) -> [weight sync, held-out eval] -> log
     -> checkpoint
 
+A dataset source knows the next step's samples before this step's update ends: their update is submitted right
+behind this one (`update`), so the trainer ranks do not wait for the driver between steps.
+
 The source (launch/sources.py) is the rollouts for GRPO (prompts -> rollout -> rewards -> advantages -> [reference
 logprobs], then the weight sync) or a dataset for SFT (the next conversations; no rollout, reward or reference
 workers start). The objective (trainer/objectives.py) is the loss the trainer takes and the metrics it logs.
@@ -63,12 +66,14 @@ def train(cfg: dict, launched: float | None = None) -> dict:
         peak = resolve_peak_tflops(t.get("peak_tflops"), cluster.trainer_device_name()) if cluster.trainers else None
         perf = PerfMeter(load_body_flops(model_path), peak, int(t["num_processes"]),
                          recompute_old=cfg["algorithm"].get("old_logprobs") == "trainer")
+        split = lambda trajs, s: minibatches(trajs, int(t["mini_batches"]), cfg["seed"], s)  # noqa: E731
+        queued = None  # the next step's update, submitted behind this one's (see `update`)
         for step in range(start + 1, total + 1):
             times: dict[str, float] = {}
             t0 = time.perf_counter()
             samples = source.take(step, times)
             with timed(times, "train"):
-                sums = cluster.train(minibatches(samples.trajs, int(t["mini_batches"]), cfg["seed"], step))
+                sums, queued = update(cluster, source, split, samples, step, queued, checkpoint_due(step, total, t))
             metrics = source.after_update(step, times)
             metrics.update(perf.metrics(samples.trajs, samples.ref_trajs, times))
             metrics.update(trainer_metrics(sums, source.domains, int(t["mini_batches"]), objective.metrics))
@@ -88,6 +93,18 @@ def train(cfg: dict, launched: float | None = None) -> dict:
                 cluster.shutdown()
             lock.release()
     return summary
+
+
+def update(cluster: Cluster, source, split, samples, step: int, queued: list | None, checkpoint_after: bool):
+    """The step's policy update: the one submitted a step ahead (`queued`) or sent now. When the source already
+    knows the next step's samples (a dataset) and no checkpoint must save this step's state first, the next update
+    is submitted right behind this one: a rank runs its calls in order, so it goes on without waiting for the
+    driver's round trip (~10 ms of a 0.2 s SFT step of SmolLM2 on an H200). Returns (this step's metric sums, the
+    next step's submitted update or None)."""
+    submitted = queued or cluster.submit_train(split(samples.trajs, step))
+    ahead = None if checkpoint_after else source.next_step_samples()
+    queued = cluster.submit_train(split(ahead, step + 1)) if ahead else None
+    return cluster.train_results(submitted), queued
 
 
 def checkpoint_due(step: int, total: int, tcfg: dict) -> bool:

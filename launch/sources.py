@@ -122,6 +122,10 @@ class RolloutSource:
         while len(self.in_flight) <= ahead and step + len(self.in_flight) <= self.total:
             self._submit(step + len(self.in_flight), version)
 
+    def next_step_samples(self) -> None:
+        """None: the next step's samples come from the weights this step's update makes (see DatasetSource)."""
+        return None
+
     def take(self, step: int, times: dict) -> StepSamples:
         staleness = int(self.cfg["rollout"].get("max_staleness") or 0)
         with timed(times, "rollout"):
@@ -273,6 +277,11 @@ class DatasetSource:
             self.drawn = self.next.result() if self.next is not None else self._draw()
         self.next = self.pool.submit(self._draw) if step < self.total else None
         return StepSamples(self.drawn.trajs)
+
+    def next_step_samples(self) -> list[Trajectory] | None:
+        """The next step's conversations, the ones its `take` will return (waits for the thread drawing them; None
+        after the last step): the loop submits their update behind this step's."""
+        return self.next.result().trajs if self.next is not None else None
 
     def after_update(self, step: int, times: dict) -> dict:
         """Where the data stands: epochs drawn (fractional), conversations cut at algorithm.max_tokens so far."""

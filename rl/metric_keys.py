@@ -87,7 +87,8 @@ KEYS: list[tuple[str, str, str]] = [
     ("time/backfill", DYNAMIC, "seconds of the step's backfill rounds (drawn, generated and scored while the loop "
      "waits; about 0 when the first round filled the step)"),
     ("time/ref", "every step", "seconds of the reference model's forward (0 when no sample has a KL term)"),
-    ("time/train", "every step", "seconds of the policy update"),
+    ("time/train", "every step", "seconds the driver waited for the policy update (a dataset source's next update is "
+     "already queued behind it: launch/loop.py)"),
     ("time/train_rank", "every step", "seconds a trainer rank spent in the update (the mean over ranks, the GPU's "
      "work included); time/train minus it is the dispatch: sending the samples to the ranks, their results back"),
     ("time/sync", "every step", "seconds of the weight sync to the rollout engines"),

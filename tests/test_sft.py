@@ -498,3 +498,48 @@ def test_rows_with_the_sampled_token_ids_train_on_exactly_those(tiny_moe_path, t
         ConversationDataset([{**row, "token_ids": ids[:-1] + [len(tok) + 5]}], tok, seed=0, max_tokens=512)
     with pytest.raises(ConfigError, match="one length"):
         ConversationDataset([{**row, "loss_mask": mask[:-1]}], tok, seed=0, max_tokens=512)
+
+
+class _RecordingCluster:
+    """The loop's view of the trainer ranks, recording what it sends and when it waits."""
+
+    def __init__(self):
+        self.events: list[tuple] = []
+
+    def submit_train(self, minibatches):
+        self.events.append(("submit", [t.uid for mb in minibatches for t in mb]))
+        return [len(self.events)]
+
+    def train_results(self, submitted):
+        self.events.append(("wait", submitted[0]))
+        return [{}]
+
+
+def test_a_dataset_sources_next_update_is_submitted_behind_this_one_but_not_past_a_checkpoint(tiny_moe_path):
+    """`launch.loop.update`: with a dataset source the next step's update is sent before this step's results are
+    awaited (the ranks go on without the driver's round trip), on exactly the samples that step's `take` returns;
+    never after a step that checkpoints (its state must be saved first) nor past the last step. A rollout source
+    never submits ahead."""
+    from launch.config import compose
+    from launch.loop import update
+    from launch.sources import DatasetSource, RolloutSource
+    from rl.batching import minibatches
+
+    cfg = compose(["+experiment=sft", "algorithm.samples_per_step=3"])
+    src, cluster = DatasetSource(cfg, load_tokenizer(tiny_moe_path)), _RecordingCluster()
+    src.start(None, None, 4)
+    split = lambda trajs, s: minibatches(trajs, 1, cfg["seed"], s)  # noqa: E731
+    queued, taken = None, {}
+    for step in range(1, 5):
+        samples = src.take(step, {})
+        taken[step] = sorted(t.uid for t in samples.trajs)
+        _, queued = update(cluster, src, split, samples, step, queued, checkpoint_after=step == 2)
+    assert queued is None
+    kinds = [e[0] for e in cluster.events]
+    # step 1 sends 1 and 2, then waits for 1; step 2 (checkpointed) only waits; step 3 sends 3 and 4, ...
+    assert kinds == ["submit", "submit", "wait", "wait", "submit", "submit", "wait", "wait"]
+    sent = [sorted(e[1]) for e in cluster.events if e[0] == "submit"]
+    assert sent == [taken[1], taken[2], taken[3], taken[4]]
+    waited = [e[1] for e in cluster.events if e[0] == "wait"]
+    assert waited == [1, 2, 5, 6]  # each step's results are its own submission's
+    assert RolloutSource.next_step_samples(None) is None

@@ -280,8 +280,11 @@ class DatasetSource:
 
     def next_step_samples(self) -> list[Trajectory] | None:
         """The next step's conversations, the ones its `take` will return (waits for the thread drawing them; None
-        after the last step): the loop submits their update behind this step's."""
-        return self.next.result().trajs if self.next is not None else None
+        after the last step): the loop submits their update behind this step's. A draw that failed gives None too:
+        its error is raised by the next `take`, after this step is logged and checkpointed as it would be."""
+        if self.next is None or self.next.exception() is not None:
+            return None
+        return self.next.result().trajs
 
     def after_update(self, step: int, times: dict) -> dict:
         """Where the data stands: epochs drawn (fractional), conversations cut at algorithm.max_tokens so far."""

@@ -543,3 +543,28 @@ def test_a_dataset_sources_next_update_is_submitted_behind_this_one_but_not_past
     waited = [e[1] for e in cluster.events if e[0] == "wait"]
     assert waited == [1, 2, 5, 6]  # each step's results are its own submission's
     assert RolloutSource.next_step_samples(None) is None
+
+
+def test_a_failed_draw_of_the_next_step_leaves_this_steps_update_and_fails_the_next_take(tiny_moe_path):
+    """The next step's conversations fail to render on the data thread: this step's update is still collected (and
+    can be logged and checkpointed); the error comes from the next step's `take`, as without the ahead submission."""
+    from launch.config import compose
+    from launch.loop import update
+    from launch.sources import DatasetSource
+    from rl.batching import minibatches
+
+    cfg = compose(["+experiment=sft", "algorithm.samples_per_step=3"])
+    src, cluster = DatasetSource(cfg, load_tokenizer(tiny_moe_path)), _RecordingCluster()
+    src.start(None, None, 4)
+    samples = src.take(1, {})
+    src.next.result()  # let the thread's draw of step 2 finish, then replace it by a failed one
+    from concurrent.futures import Future
+
+    failed = Future()
+    failed.set_exception(ValueError("row 7: not a conversation"))
+    src.next = failed
+    split = lambda trajs, s: minibatches(trajs, 1, cfg["seed"], s)  # noqa: E731
+    sums, queued = update(cluster, src, split, samples, 1, None, checkpoint_after=False)
+    assert sums == [{}] and queued is None and [e[0] for e in cluster.events] == ["submit", "wait"]
+    with pytest.raises(ValueError, match="row 7"):
+        src.take(2, {})

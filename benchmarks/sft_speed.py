@@ -76,7 +76,8 @@ micro-batches. Both leave out the first `--warmup` steps (CUDA / allocator warm-
 `trainer.profile_step` when `--override` sets it. The table: steps timed, conversations, loss tokens, seconds, loss
 tokens/s, and the first and last step losses of each (the same task on the same model: they should start alike and
 fall alike). It shows every run that `--out` holds (a run left out with `--only` shows its earlier result). Below
-it, where ours' median step goes: each `time/*` metric, and the dispatch (`time/train` - `time/train_rank`).
+it, where ours' median step goes: each `time/*` metric, and the step beyond the rank's own update (`time/step` -
+`time/train_rank`: the Ray call's dispatch, or with updates submitted a step ahead the rank's wait between them).
 
     python benchmarks/sft_speed.py --out /tmp/sft_speed                      # one GPU, SmolLM2-135M-Instruct
     python benchmarks/sft_speed.py --out /tmp/sft_speed_cpu --device cpu --tiny   # CPU check, embedded model
@@ -384,8 +385,9 @@ def ours_rows(run_dir: Path) -> list[dict]:
 
 
 def ours_step_split(run_dir: Path, warmup: int) -> str:
-    """Where ours' median step goes: the median of each time/* metric over the timed steps. time/train is the driver's
-    Ray call, time/train_rank the rank's own update inside it: the difference is the call's dispatch and return."""
+    """Where ours' median step goes: the median of each time/* metric over the timed steps. time/step is the driver's
+    whole step, time/train_rank the rank's own update: in step with the rank, the difference is what the rank does
+    not spend updating (the Ray call's dispatch; with updates submitted a step ahead, its wait between them)."""
     rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("step", 0) > warmup]
     keys = sorted({k for r in rows for k in r if k.startswith("time/")})
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
@@ -393,8 +395,9 @@ def ours_step_split(run_dir: Path, warmup: int) -> str:
     if not parts:
         return ""
     text = ", ".join(f"{k} {v * 1000:.1f}" for k, v in parts.items())
-    if "time/train" in parts and "time/train_rank" in parts:
-        text += f"; dispatch (time/train - time/train_rank) {(parts['time/train'] - parts['time/train_rank']) * 1000:.1f}"
+    if "time/step" in parts and "time/train_rank" in parts:
+        text += (f"; beyond the rank's update (time/step - time/train_rank) "
+                 f"{(parts['time/step'] - parts['time/train_rank']) * 1000:.1f}")
     return f"ours, median ms a step: {text}"
 
 

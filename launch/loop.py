@@ -67,13 +67,17 @@ def train(cfg: dict, launched: float | None = None) -> dict:
         perf = PerfMeter(load_body_flops(model_path), peak, int(t["num_processes"]),
                          recompute_old=cfg["algorithm"].get("old_logprobs") == "trainer")
         split = lambda trajs, s: minibatches(trajs, int(t["mini_batches"]), cfg["seed"], s)  # noqa: E731
-        queued = None  # the next step's update, submitted behind this one's (see `update`)
+        queued, results_at = None, 0.0  # the next step's update, submitted behind this one's (see `update`)
         for step in range(start + 1, total + 1):
             times: dict[str, float] = {}
             t0 = time.perf_counter()
             samples = source.take(step, times)
+            sent_before = queued is not None
             with timed(times, "train"):
                 sums, queued = update(cluster, source, split, samples, step, queued, checkpoint_due(step, total, t))
+            if sent_before:  # the rank began it when the previous update ended: time/train is the rank's period
+                times["time/train"] = time.perf_counter() - results_at
+            results_at = time.perf_counter()
             metrics = source.after_update(step, times)
             metrics.update(perf.metrics(samples.trajs, samples.ref_trajs, times))
             metrics.update(trainer_metrics(sums, source.domains, int(t["mini_batches"]), objective.metrics))

@@ -87,10 +87,12 @@ KEYS: list[tuple[str, str, str]] = [
     ("time/backfill", DYNAMIC, "seconds of the step's backfill rounds (drawn, generated and scored while the loop "
      "waits; about 0 when the first round filled the step)"),
     ("time/ref", "every step", "seconds of the reference model's forward (0 when no sample has a KL term)"),
-    ("time/train", "every step", "seconds the driver waited for the policy update (a dataset source's next update is "
-     "already queued behind it: launch/loop.py)"),
+    ("time/train", "every step", "seconds of the policy update as the driver sees it: the call, or for an update "
+     "submitted during the previous step (a dataset source's, launch/loop.py) the time from that step's results to "
+     "this one's"),
     ("time/train_rank", "every step", "seconds a trainer rank spent in the update (the mean over ranks, the GPU's "
-     "work included); time/train minus it is the dispatch: sending the samples to the ranks, their results back"),
+     "work included); time/train minus it is the dispatch (sending the samples to the ranks, their results back) "
+     "or, for an update submitted a step ahead, the rank's wait between updates"),
     ("time/sync", "every step", "seconds of the weight sync to the rollout engines"),
     ("time/sync_<piece>", "vLLM only", "parts of the vLLM weight sync: wake (workers wake their weights), send (the "
      "trainer sends), send_rank (a rank's own share of it), finish (workers finish and wake the KV cache)"),

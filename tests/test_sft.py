@@ -515,20 +515,27 @@ class _RecordingCluster:
         return [{}]
 
 
+def _sft_source(tiny_moe_path, total: int):
+    """A started DatasetSource of 3 conversations a step, and the loop's split of a step's samples (one mini-batch)."""
+    from launch.config import compose
+    from launch.sources import DatasetSource
+    from rl.batching import minibatches
+
+    cfg = compose(["+experiment=sft", "algorithm.samples_per_step=3"])
+    src = DatasetSource(cfg, load_tokenizer(tiny_moe_path))
+    src.start(None, None, total)
+    return src, lambda trajs, step: minibatches(trajs, 1, cfg["seed"], step)
+
+
 def test_a_dataset_sources_next_update_is_submitted_behind_this_one_but_not_past_a_checkpoint(tiny_moe_path):
     """`launch.loop.update`: with a dataset source the next step's update is sent before this step's results are
     awaited (the ranks go on without the driver's round trip), on exactly the samples that step's `take` returns;
     never after a step that checkpoints (its state must be saved first) nor past the last step. A rollout source
     never submits ahead."""
-    from launch.config import compose
     from launch.loop import update
-    from launch.sources import DatasetSource, RolloutSource
-    from rl.batching import minibatches
+    from launch.sources import RolloutSource
 
-    cfg = compose(["+experiment=sft", "algorithm.samples_per_step=3"])
-    src, cluster = DatasetSource(cfg, load_tokenizer(tiny_moe_path)), _RecordingCluster()
-    src.start(None, None, 4)
-    split = lambda trajs, s: minibatches(trajs, 1, cfg["seed"], s)  # noqa: E731
+    (src, split), cluster = _sft_source(tiny_moe_path, 4), _RecordingCluster()
     queued, taken = None, {}
     for step in range(1, 5):
         samples = src.take(step, {})
@@ -548,14 +555,9 @@ def test_a_dataset_sources_next_update_is_submitted_behind_this_one_but_not_past
 def test_a_failed_draw_of_the_next_step_leaves_this_steps_update_and_fails_the_next_take(tiny_moe_path):
     """The next step's conversations fail to render on the data thread: this step's update is still collected (and
     can be logged and checkpointed); the error comes from the next step's `take`, as without the ahead submission."""
-    from launch.config import compose
     from launch.loop import update
-    from launch.sources import DatasetSource
-    from rl.batching import minibatches
 
-    cfg = compose(["+experiment=sft", "algorithm.samples_per_step=3"])
-    src, cluster = DatasetSource(cfg, load_tokenizer(tiny_moe_path)), _RecordingCluster()
-    src.start(None, None, 4)
+    (src, split), cluster = _sft_source(tiny_moe_path, 4), _RecordingCluster()
     samples = src.take(1, {})
     src.next.result()  # let the thread's draw of step 2 finish, then replace it by a failed one
     from concurrent.futures import Future
@@ -563,7 +565,6 @@ def test_a_failed_draw_of_the_next_step_leaves_this_steps_update_and_fails_the_n
     failed = Future()
     failed.set_exception(ValueError("row 7: not a conversation"))
     src.next = failed
-    split = lambda trajs, s: minibatches(trajs, 1, cfg["seed"], s)  # noqa: E731
     sums, queued = update(cluster, src, split, samples, 1, None, checkpoint_after=False)
     assert sums == [{}] and queued is None and [e[0] for e in cluster.events] == ["submit", "wait"]
     with pytest.raises(ValueError, match="row 7"):

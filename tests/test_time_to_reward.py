@@ -79,9 +79,23 @@ def test_train_stats_give_the_pace_and_the_mismatch_range(tmp_path):
             {"step": 4, "time/step": 2.5, "mismatch/logprob_abs": 0.01}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "time')
     stats = time_to_reward.train_stats("ours_bitwise", run)
-    assert stats == {"s_per_step": 2.5, "mismatch_max": 0.01, "mismatch_min": 0.0, "steps": 4}
-    assert time_to_reward.train_stats("trl", run)["s_per_step"] is None
+    assert stats == {"s_per_step": 2.5, "first_step_s": 40.0, "mismatch_max": 0.01, "mismatch_min": 0.0, "steps": 4}
+    assert time_to_reward.train_stats("trl", run)["s_per_step"] is None  # TRL's steps.jsonl: none here
     assert "algorithm.on_policy=bitwise" in time_to_reward.command("ours_bitwise", run, 5, 20, [])
+
+
+def test_trl_pace_comes_from_its_step_seconds(tmp_path):
+    """learn_real.py's TRL child logs {"seconds", "step", "reward"} per step and {"step", "eval_reward"} per
+    evaluation; the pace is the median of the steps after the first, in step order."""
+    run = tmp_path / "trl"
+    run.mkdir()
+    rows = [{"seconds": 50.7, "step": 1, "reward": 0.02}, {"seconds": 3.9, "step": 2, "reward": 0.03},
+            {"step": 2, "eval_reward": 0.07}, {"seconds": 3.7, "step": 3, "reward": 0.06},
+            {"seconds": 4.4, "step": 4, "reward": 0.05}]
+    (run / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert time_to_reward.step_seconds("trl", run) == [50.7, 3.9, 3.7, 4.4]
+    stats = time_to_reward.train_stats("trl", run)
+    assert (stats["s_per_step"], stats["first_step_s"], stats["steps"]) == (3.9, 50.7, 4)
 
 
 def test_a_verl_run_is_timed_to_verls_own_validation(tmp_path):
@@ -99,7 +113,10 @@ def test_a_verl_run_is_timed_to_verls_own_validation(tmp_path):
             {"step": 6, "data": {"timing_s/step": 3.1}}]
     (run / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 15, "da')
     assert time_to_reward.evaluations("verl_best", run) == [(5, 0.25), (10, 0.5)]
-    assert time_to_reward.train_stats("verl_best", run)["s_per_step"] is None
+    # verl's own step seconds: step 1 apart, the median of the rest (the partial last line skipped)
+    stats = time_to_reward.train_stats("verl_best", run)
+    assert (stats["s_per_step"], stats["first_step_s"], stats["steps"]) == (3.1, 30.0, 3)
+    assert stats["mismatch_max"] is None
     cmd = time_to_reward.command("verl_best", run, 5, 60, [])
     assert cmd[1].endswith("verl_peer.py")
     args = dict(zip(cmd[2::2], cmd[3::2]))

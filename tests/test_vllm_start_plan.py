@@ -72,26 +72,54 @@ def test_the_key_ignores_the_seed_and_tells_waves_settings_gpus_and_models_apart
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" in sp.MEMORY_ENV  # rollout.engine_core's switch
 
 
-def test_first_run_measures_in_turn_and_the_next_starts_every_wave_at_once(plans):
-    # first run: no plan, so each wave waits its turn (wave 0's wait returns at once) and measures
+def test_first_run_goes_in_turn_and_the_next_starts_every_wave_at_once(plans):
+    # first run: no plan, so each wave waits its turn (wave 0's wait returns at once); wave 0 measures, and wave 1,
+    # once its turn comes, starts with the size wave 0 measured (the same engine arguments but the seed)
     assert _start(ARGS, 0, measured=17 * 2**30) == (1, None)
-    assert _start({**ARGS, "seed": 8}, 1, measured=16 * 2**30) == (1, None)
-    assert len(list(plans.glob("*.json"))) == 2
-    # next run: every wave has a plan, so none waits and each gets back what it measured
+    assert _start({**ARGS, "seed": 8}, 1, measured=16 * 2**30) == (1, 17 * 2**30)
+    assert len(list(plans.glob("*.json"))) == 2  # wave 1 recorded the size it started with as its own plan
+    # next run: every wave has a plan, so none waits
     assert _start(ARGS, 0) == (0, 17 * 2**30)
-    assert _start({**ARGS, "seed": 9}, 1) == (0, 16 * 2**30)
+    assert _start({**ARGS, "seed": 9}, 1) == (0, 17 * 2**30)
     record = json.loads(next(plans.glob("*.json")).read_text())
     assert record["device"] == "NVIDIA H200" and "seed" not in record["args"]
 
 
-def test_a_plan_is_used_only_when_every_wave_of_the_gpu_has_one(plans):
-    """Wave 0 alone recorded (wave 1 failed last time): a wave 0 that skipped the measurement could not tell, and
-    wave 1 would then measure while wave 0 allocates, so both go in turn and wave 1 records its own."""
+def test_a_later_wave_borrows_only_what_the_wave_before_recorded_in_this_run(plans):
+    """A plan of wave 0 from an earlier run, with wave 1's missing, does not say what this run's wave 0 got: wave 1
+    then measures in turn (as it did before borrowing existed) and records its own. Wave 0 never borrows."""
+    import time
+
     _start(ARGS, 0, measured=17 * 2**30)
-    assert _start(ARGS, 0) == (1, None)
-    assert _start(ARGS, 1, measured=16 * 2**30) == (1, None)
-    assert _start(ARGS, 1) == (0, 16 * 2**30)
-    # other settings (here: another share of the GPU) have no plan
+    time.sleep(0.05)
+    began = time.time()
+    assert _start(ARGS, 1, measured=16 * 2**30, before=began) == (1, None)  # wave 0's plan predates this run
+    assert _start(ARGS, 0, before=time.time() + 1) == (0, 17 * 2**30)
+    assert _start(ARGS, 1, before=time.time() + 1) == (0, 16 * 2**30)  # the next run: both plans, as measured
+    assert sp.borrowed_plan(ARGS, 0, 2, IDENTITY, plans) is None
+    # three waves: each borrows from the one before it, wave 2 from what wave 1 borrowed
+    three = {**ARGS, "gpu_memory_utilization": 0.1}
+    assert _start(three, 0, waves=3, measured=12 * 2**30) == (1, None)
+    assert _start(three, 1, waves=3, measured=11 * 2**30) == (1, 12 * 2**30)
+    assert _start(three, 2, waves=3, measured=11 * 2**30) == (1, 12 * 2**30)
+    assert [_start(three, w, waves=3) for w in range(3)] == [(0, 12 * 2**30)] * 3
+    # a restarted wave 1 measures beside running instances and takes nothing (records nothing either); a size over
+    # the instance's share of the GPU (0.15 of 150 GiB) is not taken
+    other = {**ARGS, "max_model_len": 4096}
+    _start(other, 0, measured=17 * 2**30)
+    assert _start(other, 1, measured=16 * 2**30, record=False) == (1, None)
+    (plans / f"{sp.plan_key(other, 0, 2, IDENTITY)}.json").write_text(json.dumps({"kv_cache_memory_bytes": 30 * 2**30}))
+    assert _start(other, 1, measured=16 * 2**30) == (1, None)
+
+
+def test_a_plan_is_used_only_when_every_wave_of_the_gpu_has_one(plans):
+    """Wave 1's plan missing (it failed last time): a wave 0 that skipped the measurement could not tell, and wave 1
+    would then measure while wave 0 allocates, so both go in turn; wave 1 records a plan this time."""
+    _start(ARGS, 0, measured=17 * 2**30)
+    assert _start(ARGS, 0, measured=17 * 2**30) == (1, None)
+    assert _start(ARGS, 1, measured=16 * 2**30) == (1, 17 * 2**30)
+    assert _start(ARGS, 1) == (0, 17 * 2**30)
+    # other settings (here: another share of the GPU) have no plan, and wave 0 of theirs never measured
     assert _start({**ARGS, "gpu_memory_utilization": 0.3}, 1, measured=30 * 2**30) == (1, None)
 
 

@@ -15,12 +15,14 @@ recorded, which is so for every instance that starts beside another.
 
 An instance uses a plan only when every wave of its GPU has a usable one (`plan_for`): then all of them skip the
 measurement, or none does, and none measures while another allocates. Without one, the waves go in turn, and a later
-wave starts with the size the wave before it measured in this run (`borrowed_plan`) instead of measuring again: its
+wave starts with the size the wave before it recorded in this run (`borrowed_plan`) instead of measuring again: its
 engine arguments are the same but for the seed, so it would measure the same size (20.26 and 20.32 GiB for the two
 SmolLM2 instances of `smol_math` on an H200), and on a GPU machine a measuring start took 15-19 s longer than a
-planned one (benchmarks/README.md, cold_start.py). It records that size as its own wave's plan. For all waves to decide alike, each reads only
-the plans written before its run began (`EngineStart.plans_before`): a plan another GPU's instance or another run
-records meanwhile is for the next run. A plan larger than the instance's `gpu_memory_utilization` share of the GPU
+planned one (benchmarks/README.md, cold_start.py). It records that size as its own wave's plan; a record names
+the run that wrote it (its `EngineStart.plans_before`), so "this run" is decided without comparing clocks.
+
+For all waves to decide alike, each reads only the plans written before its run began (`EngineStart.plans_before`):
+a plan another GPU's instance or another run records meanwhile is for the next run. A plan larger than the instance's `gpu_memory_utilization` share of the GPU
 is not usable (vLLM would take it whatever the share). A restarted instance (`EngineStart.record` off) records
 nothing: it measures, if at all, beside running instances. A `kv_cache_memory_bytes` in `rollout.engine_args` is a
 plan the user made. vLLM still checks at start that its share of the GPU is free, and a GPU shared with another job
@@ -99,16 +101,18 @@ def plan_key(engine_args: dict, wave: int, waves: int, identity: dict) -> str:
 
 
 def read_plan(key: str, folder: Path | None = None, before: float | None = None,
-              limit: int | None = None, since: float | None = None) -> int | None:
-    """The recorded KV-cache bytes under `key`, or None: absent, written at or after `before` or before `since`
-    (time.time()), unreadable, not a positive size, or over `limit` bytes."""
+              limit: int | None = None, run: float | None = None) -> int | None:
+    """The recorded KV-cache bytes under `key`, or None: absent, written at or after `before` (time.time()), not
+    recorded by run `run` (its EngineStart.plans_before, written into the record: no clocks compared), unreadable,
+    not a positive size, or over `limit` bytes."""
     path = (folder or plan_dir()) / f"{key}.json"
     try:
-        if before is not None or since is not None:
-            written = path.stat().st_mtime
-            if (before is not None and written >= before) or (since is not None and written < since):
-                return None
-        value = json.loads(path.read_text()).get("kv_cache_memory_bytes")
+        if before is not None and path.stat().st_mtime >= before:
+            return None
+        record = json.loads(path.read_text())
+        if run is not None and record.get("run") != run:
+            return None
+        value = record.get("kv_cache_memory_bytes")
     except FileNotFoundError:
         return None
     except (OSError, ValueError, AttributeError) as e:
@@ -139,22 +143,28 @@ def plan_for(engine_args: dict, wave: int, waves: int, identity: dict, folder: P
 
 
 def borrowed_plan(engine_args: dict, wave: int, waves: int, identity: dict, folder: Path | None = None,
-                  since: float | None = None) -> int | None:
-    """For a wave after the first whose turn has come: the size the wave before it recorded at or after `since` (its
-    run's start: what that wave measured, or borrowed, in this run), or None (measure). Called once the wave before
-    has started, so nothing measures while this instance allocates."""
+                  run: float | None = None) -> int | None:
+    """For a wave after the first whose turn has come: the size the wave before it recorded in run `run` (what that
+    wave measured, or itself borrowed; None: any run), or None (measure). Called once the wave before has started,
+    so nothing measures while this instance allocates."""
     if int(wave) < 1:
         return None
     return read_plan(plan_key(engine_args, int(wave) - 1, waves, identity), folder,
-                     limit=share_limit(engine_args, identity), since=since)
+                     limit=share_limit(engine_args, identity), run=run)
 
 
 def write_plan(engine_args: dict, wave: int, waves: int, identity: dict, kv_cache_memory_bytes: int,
-               folder: Path | None = None) -> Path | None:
-    """Keep what this instance measured (atomic: instances and runs may race; the last write wins, all are equal)."""
+               folder: Path | None = None, run: float | None = None) -> Path | None:
+    """Keep what this instance measured (atomic: instances and runs may race; the last write wins). The same wave of
+    several GPUs of one kind writes one file: within run `run` the smallest size they got is kept, so a later wave
+    that borrows it never takes more than any of them measured."""
     folder = folder or plan_dir()
     path = folder / f"{plan_key(engine_args, wave, waves, identity)}.json"
-    record = {"kv_cache_memory_bytes": int(kv_cache_memory_bytes), "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    size = int(kv_cache_memory_bytes)
+    if run is not None:
+        earlier = read_plan(path.stem, folder, run=run)
+        size = min(size, earlier) if earlier is not None else size
+    record = {"kv_cache_memory_bytes": size, "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"), "run": run,
               "wave": int(wave), "waves": int(waves), **identity,
               "args": memory_args(engine_args)}
     try:
@@ -202,11 +212,11 @@ class StartTurn:
                 return
             self.identity = identity
             self.borrowed = borrowed_plan(self.kwargs, self.start.wave, self.start.waves, identity,
-                                          since=self.start.plans_before)
+                                          run=self.start.plans_before)
             if self.borrowed is not None:
                 kwargs["kv_cache_memory_bytes"] = self.borrowed
-                log.info("vLLM start plan: wave %d of %d starts with the %.2f GiB KV cache wave %d measured in this run",
-                         self.start.wave, self.start.waves, self.borrowed / 2**30, self.start.wave - 1)
+                log.info("vLLM start plan: wave %d of %d starts with the %.2f GiB KV cache wave %d recorded in this "
+                         "run", self.start.wave, self.start.waves, self.borrowed / 2**30, self.start.wave - 1)
             return
         kwargs["kv_cache_memory_bytes"] = kv
         log.info("vLLM start plan: wave %d of %d starts now with the %.2f GiB KV cache it measured before",
@@ -215,9 +225,10 @@ class StartTurn:
     def record(self, llm) -> None:
         if self.identity is None:
             return
+        run = self.start.plans_before
         if self.borrowed is not None:  # it did not measure: the size it started with is its wave's plan
-            write_plan(self.kwargs, self.start.wave, self.start.waves, self.identity, self.borrowed)
+            write_plan(self.kwargs, self.start.wave, self.start.waves, self.identity, self.borrowed, run=run)
             return
         measured = [int(b) for b in llm.collective_rpc(measured_kv_bytes_rpc)]
         if measured and min(measured) > 0:
-            write_plan(self.kwargs, self.start.wave, self.start.waves, self.identity, min(measured))
+            write_plan(self.kwargs, self.start.wave, self.start.waves, self.identity, min(measured), run=run)

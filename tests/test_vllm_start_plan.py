@@ -86,30 +86,50 @@ def test_first_run_goes_in_turn_and_the_next_starts_every_wave_at_once(plans):
 
 
 def test_a_later_wave_borrows_only_what_the_wave_before_recorded_in_this_run(plans):
-    """A plan of wave 0 from an earlier run, with wave 1's missing, does not say what this run's wave 0 got: wave 1
-    then measures in turn (as it did before borrowing existed) and records its own. Wave 0 never borrows."""
+    """As a run has it (EngineStart.plans_before set): wave 1 takes what this run's wave 0 recorded. A record names
+    its run, so a plan of wave 0 from an earlier run, with this run's wave 0 not recording (it measured nothing),
+    is not taken: wave 1 then measures in turn, as it did before borrowing existed. Wave 0 never borrows."""
     import time
 
-    _start(ARGS, 0, measured=17 * 2**30)
-    time.sleep(0.05)
-    began = time.time()
-    assert _start(ARGS, 1, measured=16 * 2**30, before=began) == (1, None)  # wave 0's plan predates this run
-    assert _start(ARGS, 0, before=time.time() + 1) == (0, 17 * 2**30)
-    assert _start(ARGS, 1, before=time.time() + 1) == (0, 16 * 2**30)  # the next run: both plans, as measured
-    assert sp.borrowed_plan(ARGS, 0, 2, IDENTITY, plans) is None
-    # three waves: each borrows from the one before it, wave 2 from what wave 1 borrowed
-    three = {**ARGS, "gpu_memory_utilization": 0.1}
-    assert _start(three, 0, waves=3, measured=12 * 2**30) == (1, None)
-    assert _start(three, 1, waves=3, measured=11 * 2**30) == (1, 12 * 2**30)
-    assert _start(three, 2, waves=3, measured=11 * 2**30) == (1, 12 * 2**30)
-    assert [_start(three, w, waves=3) for w in range(3)] == [(0, 12 * 2**30)] * 3
-    # a restarted wave 1 measures beside running instances and takes nothing (records nothing either); a size over
-    # the instance's share of the GPU (0.15 of 150 GiB) is not taken
+    first = time.time()
+    assert _start(ARGS, 0, measured=17 * 2**30, before=first) == (1, None)
+    assert _start(ARGS, 1, measured=16 * 2**30, before=first) == (1, 17 * 2**30)
+    second = time.time() + 1
+    assert [_start(ARGS, w, before=second) for w in (0, 1)] == [(0, 17 * 2**30)] * 2  # the next run: both plans
     other = {**ARGS, "max_model_len": 4096}
-    _start(other, 0, measured=17 * 2**30)
-    assert _start(other, 1, measured=16 * 2**30, record=False) == (1, None)
-    (plans / f"{sp.plan_key(other, 0, 2, IDENTITY)}.json").write_text(json.dumps({"kv_cache_memory_bytes": 30 * 2**30}))
-    assert _start(other, 1, measured=16 * 2**30) == (1, None)
+    _start(other, 0, measured=17 * 2**30, before=first)  # an earlier run: wave 0 recorded, wave 1 failed
+    assert _start(other, 0, measured=0, before=second) == (1, None)  # this run's wave 0 records nothing
+    assert _start(other, 1, measured=16 * 2**30, before=second) == (1, None)  # so wave 1 measures
+    assert json.loads((plans / f"{sp.plan_key(other, 1, 2, IDENTITY)}.json").read_text())["kv_cache_memory_bytes"] \
+        == 16 * 2**30
+    assert sp.borrowed_plan(ARGS, 0, 2, IDENTITY, plans) is None
+    # three waves: each borrows from the one before it, wave 2 what wave 1 borrowed
+    three = {**ARGS, "gpu_memory_utilization": 0.1}
+    assert _start(three, 0, waves=3, measured=12 * 2**30, before=first) == (1, None)
+    assert _start(three, 1, waves=3, measured=11 * 2**30, before=first) == (1, 12 * 2**30)
+    assert _start(three, 2, waves=3, measured=11 * 2**30, before=first) == (1, 12 * 2**30)
+    assert [_start(three, w, waves=3, before=second) for w in range(3)] == [(0, 12 * 2**30)] * 3
+    # a restarted wave 1 measures beside running instances and takes nothing; a size over the instance's share of
+    # the GPU (0.15 of 150 GiB) is not taken
+    third = {**ARGS, "max_model_len": 8192}
+    _start(third, 0, measured=17 * 2**30, before=first)
+    assert _start(third, 1, measured=16 * 2**30, before=first, record=False) == (1, None)
+    sp.write_plan(third, 0, 2, IDENTITY, 30 * 2**30, plans, run=second)
+    assert _start(third, 1, measured=16 * 2**30, before=second) == (1, None)
+
+
+def test_the_same_wave_of_several_gpus_keeps_the_smallest_size_of_the_run(plans):
+    """Every GPU's wave 0 writes one file (the key has no GPU index): within a run the smallest size stays, so a wave
+    1 that borrows it takes no more than any wave 0 measured; a later run's record replaces it."""
+    key = sp.plan_key(ARGS, 0, 2, IDENTITY)
+    sp.write_plan(ARGS, 0, 2, IDENTITY, 17 * 2**30, plans, run=1.0)
+    sp.write_plan(ARGS, 0, 2, IDENTITY, 16 * 2**30, plans, run=1.0)
+    sp.write_plan(ARGS, 0, 2, IDENTITY, 18 * 2**30, plans, run=1.0)
+    assert sp.read_plan(key, plans, run=1.0) == 16 * 2**30
+    assert sp.borrowed_plan(ARGS, 1, 2, IDENTITY, plans, run=1.0) == 16 * 2**30
+    assert sp.borrowed_plan(ARGS, 1, 2, IDENTITY, plans, run=2.0) is None  # not this run's
+    sp.write_plan(ARGS, 0, 2, IDENTITY, 18 * 2**30, plans, run=2.0)
+    assert sp.read_plan(key, plans) == 18 * 2**30
 
 
 def test_a_plan_is_used_only_when_every_wave_of_the_gpu_has_one(plans):

@@ -40,6 +40,11 @@ tracker.close()
 
 def run_tracker(run_dir: Path, first: int, last: int, *, resume: bool, name: str = "a-name", end: str = "close",
                 pad: int = 0) -> int:
+    if resume:
+        # W&B names an offline run's folder by the second it starts (offline-run-YYYYMMDD_HHMMSS-<id>): a resume that
+        # starts in the same second as the run before (these runs take ~1 s; a real resume takes far longer) would
+        # write into that run's folder, and the test would find one folder instead of two (seen once in CI)
+        time.sleep(1.05 - time.time() % 1)
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     proc = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT)), str(run_dir), str(first), str(last),
                            "1" if resume else "0", name, end, str(pad)], env=env, capture_output=True, text=True, timeout=300)

@@ -167,7 +167,7 @@ def main() -> None:
     ap.add_argument("--engine-args", default="{}", help="more vllm.LLM arguments, as JSON (rollout.engine_args)")
     ap.add_argument("--engine", nargs="+", default=["ours"], choices=["vllm", "ours"],
                     help="ours: VLLMEngine with capture; vllm: plain vllm.LLM at its defaults (no capture); "
-                         "both: each configuration in turn, then their medians side by side")
+                         "both given: each in turn, then their medians side by side")
     ap.add_argument("--per-sample", action="store_true",
                     help="ours: one request per sample, each reported as it ends (a run's early scoring)")
     ap.add_argument("--sleep-mode", action="store_true", help="ours: vLLM's sleep-mode allocator (a colocated run's)")
@@ -183,7 +183,7 @@ def main() -> None:
         from launch.testbed import QWEN3_06B, build_model
 
         path = build_model(Path(args.workdir) / "dense", QWEN3_06B)
-    # plain vLLM first: the baseline the side-by-side table compares with
+    # each engine of --engine in the order given, each with every --engines count; side_by_side finds the baseline
     rows = [row for engine in args.engine for k in args.engines
             for row in run(argparse.Namespace(**{**vars(args), "engine": engine}), path, k)]
     print(f"\n{args.model}: {args.prompts} prompts x {args.n} samples x {args.max_new_tokens} tokens, top_p={args.top_p}, "

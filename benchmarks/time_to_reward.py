@@ -65,24 +65,6 @@ def command(run: str, run_dir: Path, every: int, max_steps: int, extra: list[str
             "logger.progress_bar=false", *RUN_OVERRIDES.get(run, []), *extra]
 
 
-def evaluations(run: str, run_dir: Path) -> list[tuple[int, float]]:
-    """(step, held-out pass@1) of every evaluation the run has written so far."""
-    path = run_dir / ("metrics.jsonl" if run.startswith("ours") else "steps.jsonl")
-    key = "eval_reward" if run == "trl" else "eval/math/pass@1"
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            row = json.loads(line)
-        except ValueError:  # a line being written
-            continue
-        if run in VERL_SETTING:  # verl's file logger: {"step", "data": {metric: value}}
-            row = {"step": row.get("step"), **{key: v for k, v in (row.get("data") or {}).items()
-                                               if VERL_PASS_AT_1.match(k)}}
-        if isinstance(row.get(key), (int, float)):
-            out.append((int(row["step"]), float(row[key])))
-    return out
-
-
 def _rows(path: Path) -> list[dict]:
     """The complete JSON lines of a log being written (a partial last line is skipped)."""
     rows = []
@@ -92,6 +74,20 @@ def _rows(path: Path) -> list[dict]:
         except ValueError:
             continue
     return rows
+
+
+def evaluations(run: str, run_dir: Path) -> list[tuple[int, float]]:
+    """(step, held-out pass@1) of every evaluation the run has written so far."""
+    path = run_dir / ("metrics.jsonl" if run.startswith("ours") else "steps.jsonl")
+    key = "eval_reward" if run == "trl" else "eval/math/pass@1"
+    out = []
+    for row in _rows(path):
+        if run in VERL_SETTING:  # verl's file logger: {"step", "data": {metric: value}}
+            row = {"step": row.get("step"), **{key: v for k, v in (row.get("data") or {}).items()
+                                               if VERL_PASS_AT_1.match(k)}}
+        if isinstance(row.get(key), (int, float)):
+            out.append((int(row["step"]), float(row[key])))
+    return out
 
 
 def step_seconds(run: str, run_dir: Path) -> list[float]:

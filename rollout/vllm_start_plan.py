@@ -22,11 +22,12 @@ planned one (benchmarks/README.md, cold_start.py). It records that size as its o
 the run that wrote it (its `EngineStart.plans_before`), so "this run" is decided without comparing clocks.
 
 For all waves to decide alike, each reads only the plans written before its run began (`EngineStart.plans_before`):
-a plan another GPU's instance or another run records meanwhile is for the next run. A plan larger than the instance's `gpu_memory_utilization` share of the GPU
-is not usable (vLLM would take it whatever the share). A restarted instance (`EngineStart.record` off) records
-nothing: it measures, if at all, beside running instances. A `kv_cache_memory_bytes` in `rollout.engine_args` is a
-plan the user made. vLLM still checks at start that its share of the GPU is free, and a GPU shared with another job
-should run with `rollout.start_plan=false` (the measurement then sees that job's memory).
+a plan another GPU's instance or another run records meanwhile is for the next run. A plan larger than the
+instance's `gpu_memory_utilization` share of the GPU is not usable (vLLM would take it whatever the share). A
+restarted instance (`EngineStart.record` off) records nothing: it measures, if at all, beside running instances.
+A `kv_cache_memory_bytes` in `rollout.engine_args` is a plan the user made. vLLM still checks at start that its share
+of the GPU is free, and a GPU shared with another job should run with `rollout.start_plan=false` (the measurement
+then sees that job's memory).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ instance).
 
     python benchmarks/cold_start.py --out /tmp/cold                                   # smol_math: fresh, warm
     python benchmarks/cold_start.py --out /tmp/cold --runs installed warm             # as after a plain pip install
+    python benchmarks/cold_start.py --out /tmp/cold --runs installed --keep-models    # ... with the model on disk
     python benchmarks/cold_start.py --out /tmp/cold --runs warm --label eager --override rollout.enforce_eager=true
     python benchmarks/cold_start.py --out /tmp/cold --report                          # the table of what --out holds
     python benchmarks/cold_start.py --out /tmp/cold_cpu --experiment mixed_rl         # CPU check, embedded default
@@ -100,13 +101,33 @@ def compile_bytecode(env: dict[str, str], folders: list[str]) -> float:
     return round(time.time() - t0, 1)
 
 
+def empty_caches(out: Path, keep_models: bool = False) -> None:
+    """Empty every cache under out/caches; `keep_models`: but MIXRL_CACHE's models (its folders with a config.json:
+    the converted SmolLM2, the embedded models), as a user's checkpoint is on disk before a first run."""
+    root = out / "caches"
+    kept = root.with_name("caches.models")
+    shutil.rmtree(kept, ignore_errors=True)
+    mixrl = root / CACHES["MIXRL_CACHE"]
+    if keep_models and mixrl.is_dir():
+        kept.mkdir(parents=True)
+        for folder in mixrl.iterdir():
+            if (folder / "config.json").is_file():
+                folder.rename(kept / folder.name)
+    shutil.rmtree(root, ignore_errors=True)
+    if kept.is_dir():
+        mixrl.mkdir(parents=True)
+        for folder in kept.iterdir():
+            folder.rename(mixrl / folder.name)
+        kept.rmdir()
+
+
 def cold_start(out: Path, label: str, kind: str, experiment: str, overrides: list[str], timeout: float,
-               packages: list[str] | None = None) -> dict:
-    """One run; `kind` fresh empties the caches first, installed also compiles `packages` (default: this
-    interpreter's site-packages) into the bytecode cache before the run. Returns its record (also written to
-    out/<label>.json)."""
+               packages: list[str] | None = None, keep_models: bool = False) -> dict:
+    """One run; `kind` fresh empties the caches first (but the models with `keep_models`), installed also compiles
+    `packages` (default: this interpreter's site-packages) into the bytecode cache before the run. Returns its record
+    (also written to out/<label>.json)."""
     if kind in ("fresh", "installed"):
-        shutil.rmtree(out / "caches", ignore_errors=True)
+        empty_caches(out, keep_models)
     env = {**os.environ, **cache_env(out), "PYTHONUNBUFFERED": "1"}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode is written, as by any user's first run
     for path in cache_env(out).values():
@@ -134,7 +155,8 @@ def cold_start(out: Path, label: str, kind: str, experiment: str, overrides: lis
     summary_path = run_dir / "summary.json"
     start_up = json.loads(summary_path.read_text()).get("start_up", {}) if summary_path.exists() else {}
     train_log = run_dir / "train.log"
-    record = {"label": label, "kind": kind, "experiment": experiment, "overrides": overrides, "exit_code": code,
+    record = {"label": label, "kind": kind, "keep_models": keep_models, "experiment": experiment,
+              "overrides": overrides, "exit_code": code,
               "bytecode_s": bytecode_s, "wall_s": wall, "step1_s": start_up.get("first_step"), "start_up": start_up,
               "vllm": vllm_phases(train_log.read_text(errors="replace")) if train_log.exists() else {},
               "command": " ".join(cmd[1:])}
@@ -165,13 +187,17 @@ def main() -> None:
     ap.add_argument("--experiment", default="smol_math")
     ap.add_argument("--override", nargs="*", default=[], help="more Hydra overrides for every run")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    ap.add_argument("--keep-models", action="store_true",
+                    help="fresh/installed runs keep the converted and embedded models (a user's HF checkpoint needs "
+                         "no conversion); every other cache, the vLLM start plans included, is emptied")
     ap.add_argument("--report", action="store_true", help="print the table of every run --out holds and stop")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report:
         prefix = f"{args.label}_" if args.label else ""
         for i, kind in enumerate(args.runs, 1):
-            cold_start(args.out, f"{prefix}{i}_{kind}", kind, args.experiment, list(args.override), args.timeout)
+            cold_start(args.out, f"{prefix}{i}_{kind}", kind, args.experiment, list(args.override), args.timeout,
+                       keep_models=args.keep_models)
     records = [json.loads(p.read_text()) for p in sorted(args.out.glob("*.json"), key=lambda p: p.stat().st_mtime)]
     print(table(records))
 

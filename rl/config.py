@@ -209,6 +209,8 @@ def validate(cfg: Mapping) -> None:
     check_number(r, "top_k", "rollout", lo=0, integer=True)
     check_number(r, "max_new_tokens", "rollout", lo=1, integer=True)
     check_number(r, "num_workers", "rollout", lo=1, integer=True)
+    check_number(r, "max_model_len", "rollout", lo=1, integer=True, optional=True)
+    check_number(r, "max_num_seqs", "rollout", lo=1, integer=True, optional=True)
     check_number(data, "prompts_per_step", "data", lo=1, integer=True)
     check_number(data, "max_prompt_tokens", "data", lo=1, integer=True)
     if not dataset:

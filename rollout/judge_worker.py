@@ -51,6 +51,8 @@ def judge_engine_config(cfg: Mapping, model_path: str | None = None) -> tuple[di
     # the rollout's extra vLLM arguments were set for the policy's engine (a kv_cache_memory_bytes there is the
     # policy's KV cache, a start plan the user made for it): the judge has its own, rewards.judge.engine_args
     rcfg["engine_args"] = dict(j["engine_args"] or {})
+    # so were its context and concurrency (the judge's prompts run to rewards.judge.max_prompt_tokens): vLLM's defaults
+    rcfg["max_model_len"] = rcfg["max_num_seqs"] = None
     if j["gpu_memory_utilization"]:
         rcfg["gpu_memory_utilization"] = j["gpu_memory_utilization"]
     mcfg["dtype"] = j["dtype"] or mcfg.get("dtype") or "float32"

@@ -185,6 +185,7 @@ class VLLMEngine:
         record_routes: bool = True,
         weight_transfer_backend: str | None = None,
         max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
         enforce_eager: bool = False,
         seed: int = 0,
         per_request_seed: bool = False,
@@ -239,6 +240,8 @@ class VLLMEngine:
             kwargs["enable_return_routed_experts"] = True
         if max_model_len:
             kwargs["max_model_len"] = int(max_model_len)
+        if max_num_seqs:
+            kwargs["max_num_seqs"] = int(max_num_seqs)
         if weight_transfer_backend:
             try:
                 from vllm.config import WeightTransferConfig
@@ -627,6 +630,7 @@ def build(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, see
         record_routes=record_routes,
         weight_transfer_backend="ipc" if rollout_placement(rcfg) == "colocated" else "nccl",
         max_model_len=rcfg.get("max_model_len"),
+        max_num_seqs=rcfg.get("max_num_seqs"),
         enforce_eager=bool(rcfg.get("enforce_eager", False)),
         seed=seed,
         per_request_seed=bool(rcfg.get("per_request_seed", False)),

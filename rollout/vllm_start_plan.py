@@ -25,7 +25,14 @@ For all waves to decide alike, each reads only the plans written before its run 
 a plan another GPU's instance or another run records meanwhile is for the next run. A plan larger than the
 instance's `gpu_memory_utilization` share of the GPU is not usable (vLLM would take it whatever the share). A
 restarted instance (`EngineStart.record` off) records nothing: it measures, if at all, beside running instances.
-A `kv_cache_memory_bytes` in `rollout.engine_args` is a plan the user made. vLLM still checks at start that its share
+A `kv_cache_memory_bytes` in `rollout.engine_args` is a plan the user made.
+
+Before any of that, a sized start (`sized_kv_bytes`): when the engine's arguments bound what its KV cache can ever
+hold (`max_num_seqs` sequences of `max_model_len` tokens, both set: `rollout.max_num_seqs`, `rollout.max_model_len`)
+and that bound fits the instance's share of the GPU with room to spare, every instance starts at once with exactly
+that size, in its first run too: vLLM never schedules more than that, so measuring could only give it KV cache it
+cannot use. Only a local model with a plain attention layout is sized (the per-token bytes come from its config.json);
+anything else measures. vLLM still checks at start that its share
 of the GPU is free, and a GPU shared with another job should run with `rollout.start_plan=false` (the measurement
 then sees that job's memory).
 """
@@ -134,6 +141,74 @@ def share_limit(engine_args: dict, identity: dict) -> int | None:
     return int(float(share) * identity["memory"]) if share and identity.get("memory") else None
 
 
+# Each sequence's blocks are rounded up to this many tokens (vLLM's block sizes are powers of two up to 256), and
+# beyond the KV cache the share must hold the weights (the checkpoint's files) and this much for activations, CUDA
+# graphs and the CUDA context: 2 GiB and a tenth of the share (smol_math measured 0.75 GiB on an H200).
+SIZED_ROUND_TOKENS = 256
+SIZED_SPARE_BYTES = 2 * 2**30
+SIZED_SPARE_FRACTION = 0.1
+# Config keys of layouts whose per-token KV bytes are not 2 x layers x KV heads x head dim (state-space layers)
+NOT_PLAIN_ATTENTION = ("mamba_d_state", "ssm_state_size", "linear_num_key_heads", "text_config")
+PLAIN_LAYERS = ("full_attention", "sliding_attention")
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def kv_bytes_per_token(config: dict, dtype: str, kv_cache_dtype: str | None = None) -> int | None:
+    """2 (K and V) x layers x KV heads x head dim x bytes per value: a plain attention model's KV cache per token, an
+    upper bound for sliding-window and latent-attention layers (they hold less); None when the config is not one
+    (state-space or linear-attention layers, a multimodal wrapper) or lacks the shapes."""
+    if any(k in config for k in NOT_PLAIN_ATTENTION) or any(
+            t not in PLAIN_LAYERS for t in config.get("layer_types") or []):
+        return None
+    try:
+        layers, heads = int(config["num_hidden_layers"]), int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    if kv_cache_dtype and str(kv_cache_dtype) != "auto":
+        value = 1 if str(kv_cache_dtype).startswith("fp8") else DTYPE_BYTES.get(str(kv_cache_dtype))
+    else:
+        named = str(dtype) if dtype and str(dtype) != "auto" else str(config.get("torch_dtype") or "bfloat16")
+        value = DTYPE_BYTES.get(named.replace("torch.", ""))
+    if not value or min(layers, kv_heads, head_dim) < 1:
+        return None
+    return 2 * layers * kv_heads * head_dim * value
+
+
+def weights_bytes(model: Path) -> int:
+    """The bytes of a local checkpoint's weight files (what its weights take on the GPU in their stored dtype)."""
+    return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt") for f in model.glob(pattern))
+
+
+def sized_kv_bytes(engine_args: dict, identity: dict) -> int | None:
+    """The KV-cache bytes of `max_num_seqs` sequences of `max_model_len` tokens (each rounded up to
+    SIZED_ROUND_TOKENS), when both are set, the model is a local directory of a plain attention layout, and that size
+    plus the weights and SIZED_SPARE fits the instance's `gpu_memory_utilization` share; else None (measure)."""
+    seqs, length = engine_args.get("max_num_seqs"), engine_args.get("max_model_len")
+    share = share_limit(engine_args, identity)
+    model = Path(str(engine_args.get("model", "")))
+    if not seqs or not length or not share or not (model / "config.json").is_file():
+        return None
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    per_token = kv_bytes_per_token(config, engine_args.get("dtype"), engine_args.get("kv_cache_dtype")) \
+        if isinstance(config, dict) else None
+    if per_token is None:
+        return None
+    tokens = -(-int(length) // SIZED_ROUND_TOKENS) * SIZED_ROUND_TOKENS
+    kv = int(seqs) * tokens * per_token
+    spare = SIZED_SPARE_BYTES + SIZED_SPARE_FRACTION * share
+    if kv + weights_bytes(model) + spare > share:
+        log.info("no sized vLLM start: %d sequences of %d tokens take %.2f GiB of KV cache, more than the share of "
+                 "the GPU leaves (%.2f GiB, less the weights and %.2f GiB spare): the instances measure", int(seqs),
+                 int(length), kv / 2**30, share / 2**30, spare / 2**30)
+        return None
+    return kv
+
+
 def plan_for(engine_args: dict, wave: int, waves: int, identity: dict, folder: Path | None = None,
              before: float | None = None) -> int | None:
     """This instance's KV-cache bytes when every wave of its GPU has a usable plan written before `before`; else None
@@ -205,6 +280,12 @@ class StartTurn:
         except Exception as e:  # noqa: BLE001 - no plan then, as before plans existed
             log.warning("no vLLM start plan: this GPU is not identified (%s: %s)", type(e).__name__, e)
             self.start.wait()
+            return
+        kv = sized_kv_bytes(self.kwargs, identity)
+        if kv is not None:  # all the engine can use fits its share: nothing to measure, nothing to record
+            kwargs["kv_cache_memory_bytes"] = kv
+            log.info("vLLM start plan: wave %d of %d starts now with a %.2f GiB KV cache, its max_num_seqs x "
+                     "max_model_len", self.start.wave, self.start.waves, kv / 2**30)
             return
         kv = plan_for(self.kwargs, self.start.wave, self.start.waves, identity, before=self.start.plans_before)
         if kv is None:

@@ -70,6 +70,25 @@ def test_an_installed_run_compiles_the_packages_bytecode_into_its_own_cache_firs
     assert "| 1_installed: installed (bytecode compiled before, 12.5 s) | 40.0 |" in cold_start.table([record])
 
 
+def test_keep_models_empties_every_cache_but_the_models(tmp_path):
+    """--keep-models: a fresh run starts with the converted model on disk (as a user's checkpoint is) and nothing
+    else: no start plans, no compiled kernels, no bytecode."""
+    env = cold_start.cache_env(tmp_path)
+    mixrl = Path(env["MIXRL_CACHE"])
+    for folder in ("gguf-smollm2", "vllm_start", "wheels"):
+        (mixrl / folder).mkdir(parents=True)
+    (mixrl / "gguf-smollm2" / "config.json").write_text("{}")
+    (mixrl / "vllm_start" / "plan.json").write_text("{}")
+    for var in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"):
+        Path(env[var]).mkdir(parents=True)
+        (Path(env[var]) / "kernel").write_text("x")
+    cold_start.empty_caches(tmp_path, keep_models=True)
+    assert sorted(p.relative_to(tmp_path / "caches").as_posix() for p in (tmp_path / "caches").rglob("*")) == \
+        ["mixrl", "mixrl/gguf-smollm2", "mixrl/gguf-smollm2/config.json"]
+    cold_start.empty_caches(tmp_path)
+    assert not (tmp_path / "caches").exists()
+
+
 @pytest.mark.slow
 def test_a_fresh_run_on_the_embedded_default_reaches_step_one_and_fills_its_own_caches(tmp_path):
     r = cold_start.cold_start(tmp_path, "1_fresh", "fresh", "mixed_rl", [], timeout=900)

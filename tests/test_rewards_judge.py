@@ -255,9 +255,12 @@ def test_the_judge_takes_its_own_engine_args_not_the_rollouts(tiny_moe_path):
     assert cfg["rewards"]["judge"]["engine_args"] == {}
     rcfg, _, _ = judge_engine_config(cfg, tiny_moe_path)
     assert rcfg["engine_args"] == {}
-    cfg = compose(["+rollout.engine_args.kv_cache_memory_bytes=1000000", "+rewards.judge.engine_args.max_num_seqs=4"])
+    cfg = compose(["+rollout.engine_args.kv_cache_memory_bytes=1000000", "+rewards.judge.engine_args.max_num_seqs=4",
+                   "+rollout.max_model_len=768", "+rollout.max_num_seqs=256"])
     rcfg, _, _ = judge_engine_config(cfg, tiny_moe_path)
     assert rcfg["engine_args"] == {"max_num_seqs": 4}
+    # the policy's context and concurrency are not the judge's (its prompts run to rewards.judge.max_prompt_tokens)
+    assert rcfg["max_model_len"] is None and rcfg["max_num_seqs"] is None
     assert cfg["rollout"]["engine_args"] == {"kv_cache_memory_bytes": 1000000}  # the rollout's own are untouched
 
 

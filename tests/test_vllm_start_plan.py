@@ -267,3 +267,89 @@ def test_a_rollout_worker_takes_its_wave_from_its_rank_and_a_restart_records_not
     first, restart = BUILT
     assert (first.wave, first.waves, first.plans_before, first.record) == (1, 2, 123.0, True)
     assert (restart.wave, restart.waves, restart.record) == (0, 2, False)
+
+
+# SmolLM2-135M's config.json (the shapes the KV cache depends on)
+SMOL_CONFIG = {"model_type": "llama", "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+               "hidden_size": 576, "torch_dtype": "bfloat16", "max_position_embeddings": 8192}
+
+
+def _local_model(folder, config, weight_bytes=270_000_000):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    with open(folder / "model.safetensors", "wb") as f:
+        f.truncate(weight_bytes)
+    return str(folder)
+
+
+def test_kv_bytes_per_token_of_plain_attention_and_none_for_other_layouts():
+    assert sp.kv_bytes_per_token(SMOL_CONFIG, "bfloat16") == 2 * 30 * 3 * 64 * 2  # head_dim = 576 / 9
+    qwen3 = {"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+             "hidden_size": 1024}
+    assert sp.kv_bytes_per_token(qwen3, "bfloat16") == 2 * 28 * 8 * 128 * 2
+    assert sp.kv_bytes_per_token(qwen3, "auto", "fp8_e4m3") == 2 * 28 * 8 * 128
+    assert sp.kv_bytes_per_token(qwen3, "float32") == 2 * 28 * 8 * 128 * 4
+    assert sp.kv_bytes_per_token({**qwen3, "num_key_value_heads": None}, "bfloat16") == 2 * 28 * 16 * 128 * 2
+    assert sp.kv_bytes_per_token({**qwen3, "layer_types": ["full_attention", "sliding_attention"]},
+                                 "bfloat16") == 2 * 28 * 8 * 128 * 2  # sliding layers hold less: an upper bound
+    assert sp.kv_bytes_per_token({**qwen3, "layer_types": ["linear_attention", "full_attention"]}, "bfloat16") is None
+    assert sp.kv_bytes_per_token({**qwen3, "mamba_d_state": 128}, "bfloat16") is None
+    assert sp.kv_bytes_per_token({"text_config": qwen3}, "bfloat16") is None
+    assert sp.kv_bytes_per_token({"num_hidden_layers": 28}, "bfloat16") is None
+
+
+def test_a_sized_start_takes_max_num_seqs_by_max_model_len_when_it_fits_the_share(tmp_path, caplog):
+    model = _local_model(tmp_path / "smol", SMOL_CONFIG)
+    args = {**ARGS, "model": model, "max_num_seqs": 256, "max_model_len": 768}
+    assert sp.sized_kv_bytes(args, IDENTITY) == 256 * 768 * 23040  # 4.2 GiB in a 22.5 GiB share
+    # each sequence rounded up to whole 256-token blocks (vLLM's blocks are at most that long)
+    assert sp.sized_kv_bytes({**args, "max_model_len": 700}, IDENTITY) == 256 * 768 * 23040
+    # not bounded (vLLM's defaults: the model's 8192 tokens, 1024 sequences on an H200), a hub name, no GPU memory
+    assert sp.sized_kv_bytes({**args, "max_num_seqs": None}, IDENTITY) is None
+    assert sp.sized_kv_bytes({k: v for k, v in args.items() if k != "max_model_len"}, IDENTITY) is None
+    assert sp.sized_kv_bytes({**args, "model": "HuggingFaceTB/SmolLM2-135M-Instruct"}, IDENTITY) is None
+    assert sp.sized_kv_bytes(args, {**IDENTITY, "memory": 0}) is None
+    # too large for the share once the weights and the spare are out: measured instead
+    with caplog.at_level(logging.INFO):
+        assert sp.sized_kv_bytes({**args, "max_num_seqs": 1024}, IDENTITY) is not None  # 16.9 + 0.25 + 4.25 GiB
+        assert sp.sized_kv_bytes({**args, "max_num_seqs": 1100}, IDENTITY) is None  # 18.1 + 0.25 + 4.25 > 22.5
+    assert "no sized vLLM start" in caplog.text
+    heavy = _local_model(tmp_path / "heavy", SMOL_CONFIG, weight_bytes=17 * 2**30)
+    assert sp.sized_kv_bytes({**args, "model": heavy}, IDENTITY) is None
+    (tmp_path / "smol" / "config.json").write_text("{broken")
+    assert sp.sized_kv_bytes(args, IDENTITY) is None
+
+
+def test_a_sized_start_runs_every_wave_at_once_from_the_first_run_and_records_nothing(plans, tmp_path):
+    model = _local_model(tmp_path / "smol", SMOL_CONFIG)
+    args = {**ARGS, "model": model, "max_num_seqs": 256, "max_model_len": 768}
+    sized = 256 * 768 * 23040
+    assert [_start({**args, "seed": w}, w, measured=17 * 2**30) for w in (0, 1)] == [(0, sized)] * 2
+    assert not plans.exists()
+    # it comes before a plan recorded by a measured start of the same arguments
+    sp.write_plan(args, 0, 2, IDENTITY, 17 * 2**30, plans)
+    sp.write_plan(args, 1, 2, IDENTITY, 17 * 2**30, plans)
+    assert _start(args, 1) == (0, sized)
+    # rollout.start_plan=false measures, in turn, as before
+    assert _start(args, 1, plan=False, measured=17 * 2**30) == (1, None)
+
+
+def test_smol_math_starts_sized_on_an_h200_and_an_h100(tmp_path):
+    """The experiment's own rollout keys, as VLLMEngine hands them to vLLM, give a sized start on both GPUs the
+    benchmarks run on (SmolLM2's shapes; its converted bf16 checkpoint is ~270 MB)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from launch.train import CONF_DIR
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        r = OmegaConf.to_container(compose(config_name="train", overrides=["+experiment=smol_math"]),
+                                   resolve=True)["rollout"]
+    data_max = 512  # data.max_prompt_tokens: longer prompts are skipped
+    assert r["max_model_len"] >= data_max + r["max_new_tokens"]
+    args = {"model": _local_model(tmp_path / "smol", SMOL_CONFIG), "dtype": "bfloat16",
+            "gpu_memory_utilization": r["gpu_memory_utilization"], "max_num_seqs": r["max_num_seqs"],
+            "max_model_len": r["max_model_len"]}
+    assert r["max_num_seqs"] >= 32 * 8 // r["num_workers"]  # a step's samples per instance, all at once
+    for memory in (143 * 2**30, 80 * 2**30):
+        assert sp.sized_kv_bytes(args, {**IDENTITY, "memory": memory}) is not None

@@ -1,6 +1,7 @@
-"""Where one vLLM instance's start goes (issue 37): our VLLMEngine started in a fresh process, its Python stacks
-sampled every `--interval` seconds (faulthandler, which also samples while the main thread waits in C: a Triton
-compile, a CUDA call), then summed per function.
+"""Where one vLLM instance's start goes (issue 37): our VLLMEngine started in a fresh process, its main thread's Python
+stack sampled every `--interval` seconds by a thread of its own (`sys._current_frames`: a sample is taken whenever
+the main thread lets go of the GIL, as it does waiting in C: a subprocess, a Triton compile, a CUDA call), then
+summed per function. (faulthandler's timed dumps, the first way, crashed vLLM's start with SIGSEGV on an H200.)
 
 Each configuration (`--runs`, in the order given) starts SmolLM2-135M-Instruct as a `smol_math` instance has it
 (sleep mode, capture=sampler, in-process engine core) with its caches (vLLM's torch.compile artefacts, Inductor's and
@@ -38,13 +39,39 @@ from cold_start import vllm_phases  # noqa: E402  (benchmarks/, this script's di
 
 CACHE_VARS = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
 LIBRARIES = ("vllm/", "torch/", "triton/", "transformers/", "rollout/")
-FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+
+
+class StackSampler:
+    """Samples `thread_id`'s stack (outermost frame first, as (file, function)) every `interval` seconds."""
+
+    def __init__(self, interval: float, thread_id: int | None = None):
+        import threading
+
+        self.interval, self.target = interval, thread_id or threading.get_ident()
+        self.stacks: list[list[tuple[str, str]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            frame, frames = sys._current_frames().get(self.target), []
+            while frame is not None:
+                frames.append((frame.f_code.co_filename, frame.f_code.co_name))
+                frame = frame.f_back
+            if frames:
+                self.stacks.append(frames[::-1])
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
 
 
 def child(args) -> None:
     """One start, in this process: sample the stacks, build the engine, print how long it took."""
-    import faulthandler
-
     from rl.models import SMOLLM2, resolve_model_path
     from rollout.vllm_engine import VLLMEngine
 
@@ -59,28 +86,15 @@ def child(args) -> None:
         if kv is None:
             raise SystemExit("these settings give no sized start")
         extra["kv_cache_memory_bytes"] = kv
-    stacks = open(args.stacks, "w")
-    faulthandler.dump_traceback_later(args.interval, repeat=True, file=stacks)
     t0 = time.perf_counter()
-    VLLMEngine(path, dtype="bfloat16", gpu_memory_utilization=args.gpu_mem, enable_sleep_mode=True,
-               max_logprobs=65, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-               capture="sampler", extra_args=extra)
+    with StackSampler(args.interval) as sampler:
+        VLLMEngine(path, dtype="bfloat16", gpu_memory_utilization=args.gpu_mem, enable_sleep_mode=True,
+                   max_logprobs=65, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                   capture="sampler", extra_args=extra)
     seconds = time.perf_counter() - t0
-    faulthandler.cancel_dump_traceback_later()
+    Path(args.stacks).write_text(json.dumps(sampler.stacks))
     print("START " + json.dumps({"seconds": round(seconds, 2)}), flush=True)
     os._exit(0)
-
-
-def samples(text: str) -> list[list[tuple[str, str]]]:
-    """The main thread's stack of every dump, outermost frame first, as (file, function)."""
-    out = []
-    for dump in text.split("Timeout (")[1:]:
-        threads = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump)
-        main = [t for t in threads if "vllm_start.py" in t]
-        if main:
-            frames = [(f, fn) for f, _, fn in FRAME.findall(main[0])]
-            out.append(frames[::-1])
-    return out
 
 
 def where(stacks: list[list[tuple[str, str]]], top: int = 12) -> dict[str, list[tuple[str, int]]]:
@@ -124,7 +138,7 @@ def run(args, spec: str, index: int) -> dict:
     record = {"label": label, "exit_code": code, "process_s": round(time.time() - t0, 1),
               "start_s": json.loads(start[-1])["seconds"] if start else None, "vllm": vllm_phases(text),
               "engine_args": args.engine_args,
-              **where(samples(stacks.read_text(errors="replace") if stacks.exists() else ""))}
+              **where(json.loads(stacks.read_text()) if stacks.exists() else [])}
     (args.out / f"{label}.json").write_text(json.dumps(record, indent=1))
     print(f"\n## {label}: engine start {record['start_s']} s (process {record['process_s']} s, exit {code}); "
           f"vLLM {record['vllm']}", flush=True)

@@ -53,6 +53,20 @@ def test_data_parallel_runs_are_layouts_the_run_accepts(grpo_step, bench, engine
     check_config(cfg)
 
 
+@pytest.mark.parametrize("bench", ["smol", "qwen06b"])
+def test_the_step_benchmark_times_vllm_compiled_while_smol_math_starts_without(grpo_step, bench):
+    """smol_math turns vLLM's compilation off for a sooner first step; the step benchmark times steps 2+, so its runs
+    put vLLM's default (compiled) back."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        shipped = OmegaConf.to_container(compose(config_name="train", overrides=[
+            "+experiment=smol_math", "model.path=/nonexistent"]), resolve=True)
+        timed = OmegaConf.to_container(compose(config_name="train", overrides=[
+            "+experiment=smol_math", "model.path=/nonexistent", *grpo_step.BENCHES[bench]["ours"]]), resolve=True)
+    assert shipped["rollout"]["engine_args"]["compilation_config"]["mode"] == 0
+    assert "compilation_config" not in timed["rollout"]["engine_args"]
+    check_config(timed)
+
+
 def _metrics(path: Path, steps: list[float]) -> None:
     path.mkdir(parents=True)
     path.joinpath("metrics.jsonl").write_text("".join(

@@ -49,7 +49,7 @@ from learn_real import ours_command  # noqa: E402  (benchmarks/, this script's d
 # ours: overrides of +experiment=smol_math; trl: learn_real.py --trl-child arguments (the same work)
 # Steps 2+ are what is timed here, so vLLM compiles as it does by default: smol_math turns its compilation off for a
 # sooner first step (conf/experiment/smol_math.yaml), which costs ~9% of the rollout's tokens/s on SmolLM2
-VLLM_COMPILED = "~rollout.engine_args.compilation_config"
+VLLM_COMPILED = "rollout.compile=true"
 BENCHES = {
     "qwen06b": dict(
         ours=[VLLM_COMPILED, "data.prompts_per_step=16", "rollout.max_new_tokens=1024", "domains.math.kl_coef=0.04",

@@ -211,6 +211,8 @@ def validate(cfg: Mapping) -> None:
     check_number(r, "num_workers", "rollout", lo=1, integer=True)
     check_number(r, "max_model_len", "rollout", lo=1, integer=True, optional=True)
     check_number(r, "max_num_seqs", "rollout", lo=1, integer=True, optional=True)
+    if not isinstance(r.get("compile", True), bool):
+        raise ConfigError(f"rollout.compile must be true or false, got {r['compile']!r}")
     check_number(data, "prompts_per_step", "data", lo=1, integer=True)
     check_number(data, "max_prompt_tokens", "data", lo=1, integer=True)
     if not dataset:

@@ -173,6 +173,15 @@ def _num_experts(config) -> int:
     return 0
 
 
+def compilation_args(torch_compile: bool, enforce_eager: bool, bitwise: bool) -> dict:
+    """`rollout.compile=false`: no torch.compile of the model (a fresh machine's first start spent ~30 s an instance
+    compiling, benchmarks/README.md cold_start.py) and CUDA graphs for decode only, which need none. Nothing for an
+    eager engine (enforce_eager, or algorithm.on_policy=bitwise, which sets its own)."""
+    if torch_compile or enforce_eager or bitwise:
+        return {}
+    return {"compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}}
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -187,6 +196,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         max_num_seqs: int | None = None,
         enforce_eager: bool = False,
+        torch_compile: bool = True,
         seed: int = 0,
         per_request_seed: bool = False,
         capture: str = "sampler",
@@ -249,6 +259,7 @@ class VLLMEngine:
                 kwargs["weight_transfer_config"] = WeightTransferConfig(backend=weight_transfer_backend)
             except ImportError:
                 kwargs["weight_transfer_config"] = {"backend": weight_transfer_backend}
+        kwargs.update(compilation_args(torch_compile, enforce_eager, bitwise))
         kwargs.update(extra_args or {})
         if bitwise:  # algorithm.on_policy=bitwise (rollout/bitwise_engine.py)
             from rollout.bitwise_engine import bitwise_engine_args
@@ -632,6 +643,7 @@ def build(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, see
         max_model_len=rcfg.get("max_model_len"),
         max_num_seqs=rcfg.get("max_num_seqs"),
         enforce_eager=bool(rcfg.get("enforce_eager", False)),
+        torch_compile=bool(rcfg.get("compile", True)),
         seed=seed,
         per_request_seed=bool(rcfg.get("per_request_seed", False)),
         capture=str(rcfg.get("capture", "sampler")),

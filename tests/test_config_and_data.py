@@ -42,6 +42,9 @@ def test_mixed_rl_composes_and_validates():
         ("algorithm.loss_aggregation=sum", "algorithm.loss_aggregation"),
         ("+domains.math.dataset.colums={prompt: q}", "domains.math.dataset.colums"),
         ("trainer.compile=maybe", "trainer.compile"),
+        ("+rollout.compile=maybe", "rollout.compile"),
+        ("+rollout.max_num_seqs=0", "rollout.max_num_seqs"),
+        ("+rollout.max_model_len=long", "rollout.max_model_len"),
     ],
 )
 def test_bad_config_names_the_key(override, key):

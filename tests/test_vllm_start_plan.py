@@ -353,3 +353,14 @@ def test_smol_math_starts_sized_on_an_h200_and_an_h100(tmp_path):
     assert r["max_num_seqs"] >= 32 * 8 // r["num_workers"]  # a step's samples per instance, all at once
     for memory in (143 * 2**30, 80 * 2**30):
         assert sp.sized_kv_bytes(args, {**IDENTITY, "memory": memory}) is not None
+
+
+def test_rollout_compile_false_gives_vllm_no_torch_compile_and_decode_only_graphs():
+    """The vLLM arguments `smol_math`'s `rollout.compile: false` stands for (the ones its GPU runs were timed with);
+    an eager engine gets none (enforce_eager, or the bitwise mode, which excludes a compilation_config)."""
+    from rollout.vllm_engine import compilation_args
+
+    assert compilation_args(False, False, False) == {"compilation_config": {"mode": 0,
+                                                                            "cudagraph_mode": "FULL_DECODE_ONLY"}}
+    assert compilation_args(True, False, False) == {}  # vLLM's default: compiled
+    assert compilation_args(False, True, False) == {} and compilation_args(False, False, True) == {}

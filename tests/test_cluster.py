@@ -682,7 +682,7 @@ def test_the_start_up_timeline_marks_each_actor_when_it_is_ready_not_when_the_dr
         time.sleep(0.01)
     marks = timeline.ordered()
     assert list(marks) == ["ray", "quick", "slow"]
-    assert marks["slow"] - marks["quick"] >= 1.5
+    assert marks["slow"] - marks["quick"] >= 1.0  # (1.43 s on a loaded 2-core CI run: the quick actor starts later there)
     first = marks["ray"]
     time.sleep(0.05)
     timeline.mark("ray")

@@ -35,9 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from cold_start import vllm_phases  # noqa: E402  (benchmarks/, this script's directory)
+from cold_start import CACHES, vllm_phases  # noqa: E402  (benchmarks/, this script's directory)
 
-CACHE_VARS = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+# the compiled-artefact caches of cold_start.py (not its model or bytecode caches)
+CACHE_VARS = {var: CACHES[var] for var in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
 LIBRARIES = ("vllm/", "torch/", "triton/", "transformers/", "rollout/")
 
 
@@ -166,7 +167,7 @@ def main() -> None:
         child(args)
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    for i, spec in enumerate(args.runs, 1):
+    for spec in args.runs:
         if len(spec.split(":")) != 3 or spec.split(":")[1] not in ("fresh", "warm") or \
                 spec.split(":")[2] not in ("measure", "sized"):
             raise SystemExit(f"--runs {spec!r}: expected <cache>:<fresh|warm>:<measure|sized>")

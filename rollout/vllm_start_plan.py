@@ -17,24 +17,24 @@ An instance uses a plan only when every wave of its GPU has a usable one (`plan_
 measurement, or none does, and none measures while another allocates. Without one, the waves go in turn, and a later
 wave starts with the size the wave before it recorded in this run (`borrowed_plan`) instead of measuring again: its
 engine arguments are the same but for the seed, so it would measure the same size (20.26 and 20.32 GiB for the two
-SmolLM2 instances of `smol_math` on an H200), and on a GPU machine a measuring start took 15-19 s longer than a
-planned one (benchmarks/README.md, cold_start.py). It records that size as its own wave's plan; a record names
+SmolLM2 instances of `smol_math` on an H200), and the measurement is work of its own. It records that size as its
+own wave's plan; a record names
 the run that wrote it (its `EngineStart.plans_before`), so "this run" is decided without comparing clocks.
 
 For all waves to decide alike, each reads only the plans written before its run began (`EngineStart.plans_before`):
 a plan another GPU's instance or another run records meanwhile is for the next run. A plan larger than the
 instance's `gpu_memory_utilization` share of the GPU is not usable (vLLM would take it whatever the share). A
 restarted instance (`EngineStart.record` off) records nothing: it measures, if at all, beside running instances.
-A `kv_cache_memory_bytes` in `rollout.engine_args` is a plan the user made.
+A `kv_cache_memory_bytes` in `rollout.engine_args` is a plan the user made. vLLM still checks at start that its share
+of the GPU is free, and a GPU shared with another job should run with `rollout.start_plan=false` (the measurement
+then sees that job's memory).
 
 Before any of that, a sized start (`sized_kv_bytes`): when the engine's arguments bound what its KV cache can ever
 hold (`max_num_seqs` sequences of `max_model_len` tokens, both set: `rollout.max_num_seqs`, `rollout.max_model_len`)
 and that bound fits the instance's share of the GPU with room to spare, every instance starts at once with exactly
 that size, in its first run too: vLLM never schedules more than that, so measuring could only give it KV cache it
 cannot use. Only a local model with a plain attention layout is sized (the per-token bytes come from its config.json);
-anything else measures. vLLM still checks at start that its share
-of the GPU is free, and a GPU shared with another job should run with `rollout.start_plan=false` (the measurement
-then sees that job's memory).
+anything else measures.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import os
 import time
 from pathlib import Path
 
-from rl.models import cache_root
+from rl.models import cache_root, torch_dtype
 from rollout.engines import EngineStart
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,17 @@ SIZED_SPARE_FRACTION = 0.1
 # Config keys of layouts whose per-token KV bytes are not 2 x layers x KV heads x head dim (state-space layers)
 NOT_PLAIN_ATTENTION = ("mamba_d_state", "ssm_state_size", "linear_num_key_heads", "text_config")
 PLAIN_LAYERS = ("full_attention", "sliding_attention")
-DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def _value_bytes(name: str) -> int | None:
+    """Bytes per cached value of a vLLM dtype name (fp8 variants: 1); None for a name the sizing does not know."""
+    if name.startswith("fp8"):
+        return 1
+    try:
+        name = name.replace("torch.", "")
+        return torch_dtype({"float": "float32", "half": "float16"}.get(name, name)).itemsize  # (vLLM's aliases)
+    except ValueError:
+        return None
 
 
 def kv_bytes_per_token(config: dict, dtype: str, kv_cache_dtype: str | None = None) -> int | None:
@@ -167,10 +177,9 @@ def kv_bytes_per_token(config: dict, dtype: str, kv_cache_dtype: str | None = No
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
     if kv_cache_dtype and str(kv_cache_dtype) != "auto":
-        value = 1 if str(kv_cache_dtype).startswith("fp8") else DTYPE_BYTES.get(str(kv_cache_dtype))
+        value = _value_bytes(str(kv_cache_dtype))
     else:
-        named = str(dtype) if dtype and str(dtype) != "auto" else str(config.get("torch_dtype") or "bfloat16")
-        value = DTYPE_BYTES.get(named.replace("torch.", ""))
+        value = _value_bytes(str(dtype) if dtype and str(dtype) != "auto" else str(config.get("torch_dtype") or "bfloat16"))
     if not value or min(layers, kv_heads, head_dim) < 1:
         return None
     return 2 * layers * kv_heads * head_dim * value

@@ -24,12 +24,16 @@ ids must equal vLLM's output tokens or `assemble` raises.
 The hook needs vLLM internals of either model runner (`SamplerCapture` lists them; checked at install); when
 they are missing the engine falls back to `rollout.capture=logprobs` with a warning. Speculative decoding
 (rejection sampler) and pipeline parallelism are not supported.
+
+Either way of taking them ends as one `Capture` per completion: `sampler_capture` (this hook's rows) or
+`flat_to_capture` (`rollout.capture=logprobs`: vLLM's flat top-K logprobs output).
 """
 
 from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -372,3 +376,57 @@ def start_rpc(worker, buffer_ids: int, profile: bool = False) -> None:
 def collect_rpc(worker) -> dict | None:
     cap = getattr(worker, "_mixrl_capture", None)
     return cap.collect() if cap is not None else None
+
+
+@dataclass
+class Capture:
+    """One completion's pi_old logprobs and kept sets (CSR), from either way of taking them (`rollout.capture`)."""
+    inference_logprobs: np.ndarray  # float32 [R]
+    kept_ids: np.ndarray | None
+    kept_offsets: np.ndarray | None
+    truncated: int
+    cut: np.ndarray | None = None  # bool [R]: the kept set at this position may be incomplete
+
+
+def sampler_capture(c: dict) -> Capture:
+    """One completion's rows as `rollout.vllm_capture.assemble` returns them."""
+    return Capture(c["inference_logprobs"], c["kept_ids"], c["kept_offsets"],
+                    int(c["cut"].sum()) if c["cut"] is not None else 0, c["cut"])
+
+
+def flat_to_capture(flat, num_tokens: int, want_mask: bool) -> Capture:
+    """vLLM FlatLogprobs of one completion -> sampled logprobs + kept sets (CSR) + number of maybe-cut positions.
+
+    Layout per position (vLLM's sampler): entry 0 is the sampled token, entries 1..K the top-K in descending order
+    (the sampled token may appear again among them). -inf marks ids outside the kept set.
+    """
+    R = int(num_tokens)
+    vals = np.asarray(flat.logprobs, dtype=np.float32)
+    toks = np.asarray(flat.token_ids, dtype=np.int32)
+    if R == 0:
+        empty = np.zeros(0, dtype=np.float32)
+        return Capture(empty, np.zeros(0, np.int32) if want_mask else None,
+                        np.zeros(1, np.int64) if want_mask else None, 0)
+    starts = np.asarray(flat.start_indices[:R], dtype=np.int64)
+    ends = np.asarray(flat.end_indices[:R], dtype=np.int64)
+    width = ends - starts
+    W = int(width[0])
+    if W >= 1 and (width == W).all() and len(vals) >= R * W and starts[0] == 0:
+        v2, t2 = vals[: R * W].reshape(R, W), toks[: R * W].reshape(R, W)
+    else:  # ragged (should not happen with a fixed K): pad to the widest position with -inf
+        W = int(width.max())
+        col = np.arange(W)[None, :]
+        idx = np.minimum(starts[:, None] + col, len(vals) - 1)
+        valid = col < width[:, None]
+        v2 = np.where(valid, vals[idx], -np.inf).astype(np.float32)
+        t2 = np.where(valid, toks[idx], 0).astype(np.int32)
+    sampled = v2[:, 0].copy()
+    if not want_mask or W < 2:
+        return Capture(sampled, None, None, 0)
+    top, top_ids = v2[:, 1:], t2[:, 1:]
+    finite = np.isfinite(top)
+    counts = finite.sum(axis=1)
+    offsets = np.zeros(R + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    cut = finite[:, -1]
+    return Capture(sampled, top_ids[finite].astype(np.int32, copy=False), offsets, int(cut.sum()), cut)

@@ -29,7 +29,6 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,6 +36,7 @@ from rl.config import rollout_placement
 from rl.models import load_tokenizer, to_checkpoint_format
 from rollout.engines import EngineStart
 from rollout.sampling import Generation, SamplingParams, eos_token_ids
+from rollout.vllm_capture import Capture, flat_to_capture, sampler_capture
 from rollout.vllm_start_plan import StartTurn
 
 log = logging.getLogger(__name__)
@@ -97,59 +97,6 @@ def _one_request_per_sample(params, n_prompts: int, n: int):
 def _finish_reason(completion) -> str:
     """Ours from vLLM's: "length" when the token budget ran out, "stop" otherwise (EOS, a stop token, an abort)."""
     return "length" if completion.finish_reason == "length" else "stop"
-
-
-@dataclass
-class _Capture:
-    inference_logprobs: np.ndarray  # float32 [R]
-    kept_ids: np.ndarray | None
-    kept_offsets: np.ndarray | None
-    truncated: int
-    cut: np.ndarray | None = None  # bool [R]: the kept set at this position may be incomplete
-
-
-def sampler_capture(c: dict) -> _Capture:
-    """One completion's rows as `rollout.vllm_capture.assemble` returns them."""
-    return _Capture(c["inference_logprobs"], c["kept_ids"], c["kept_offsets"],
-                    int(c["cut"].sum()) if c["cut"] is not None else 0, c["cut"])
-
-
-def flat_to_capture(flat, num_tokens: int, want_mask: bool) -> _Capture:
-    """vLLM FlatLogprobs of one completion -> sampled logprobs + kept sets (CSR) + number of maybe-cut positions.
-
-    Layout per position (vLLM's sampler): entry 0 is the sampled token, entries 1..K the top-K in descending order
-    (the sampled token may appear again among them). -inf marks ids outside the kept set.
-    """
-    R = int(num_tokens)
-    vals = np.asarray(flat.logprobs, dtype=np.float32)
-    toks = np.asarray(flat.token_ids, dtype=np.int32)
-    if R == 0:
-        empty = np.zeros(0, dtype=np.float32)
-        return _Capture(empty, np.zeros(0, np.int32) if want_mask else None,
-                        np.zeros(1, np.int64) if want_mask else None, 0)
-    starts = np.asarray(flat.start_indices[:R], dtype=np.int64)
-    ends = np.asarray(flat.end_indices[:R], dtype=np.int64)
-    width = ends - starts
-    W = int(width[0])
-    if W >= 1 and (width == W).all() and len(vals) >= R * W and starts[0] == 0:
-        v2, t2 = vals[: R * W].reshape(R, W), toks[: R * W].reshape(R, W)
-    else:  # ragged (should not happen with a fixed K): pad to the widest position with -inf
-        W = int(width.max())
-        col = np.arange(W)[None, :]
-        idx = np.minimum(starts[:, None] + col, len(vals) - 1)
-        valid = col < width[:, None]
-        v2 = np.where(valid, vals[idx], -np.inf).astype(np.float32)
-        t2 = np.where(valid, toks[idx], 0).astype(np.int32)
-    sampled = v2[:, 0].copy()
-    if not want_mask or W < 2:
-        return _Capture(sampled, None, None, 0)
-    top, top_ids = v2[:, 1:], t2[:, 1:]
-    finite = np.isfinite(top)
-    counts = finite.sum(axis=1)
-    offsets = np.zeros(R + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    cut = finite[:, -1]
-    return _Capture(sampled, top_ids[finite].astype(np.int32, copy=False), offsets, int(cut.sum()), cut)
 
 
 def align_routes(routes: np.ndarray, rows: int, dense_layers: list[int], dtype: np.dtype) -> np.ndarray:
@@ -430,7 +377,7 @@ class VLLMEngine:
         return g
 
     @staticmethod
-    def _apply_capture(g: Generation, cap: "_Capture") -> None:
+    def _apply_capture(g: Generation, cap: Capture) -> None:
         g.inference_logprobs = cap.inference_logprobs
         g.kept_ids, g.kept_offsets, g.kept_set_cut = cap.kept_ids, cap.kept_offsets, cap.truncated
         if cap.truncated:

@@ -7,7 +7,8 @@ import numpy as np
 import torch
 
 from rollout.sampling import process_logits
-from rollout.vllm_engine import align_routes, default_num_logprobs, flat_to_capture
+from rollout.vllm_capture import flat_to_capture
+from rollout.vllm_engine import align_routes, default_num_logprobs
 from rl.models import to_checkpoint_format
 
 

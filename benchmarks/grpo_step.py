@@ -8,7 +8,9 @@ Two benchmarks (`--bench`):
   new tokens, no KL: the runs of benchmarks/learn_real.py, shorter (ours: two vLLM instances on the GPU, as in
   `smol_math`, also on the rollout GPU of the split runs; qwen06b: one).
 Runs (`--only`): ours, ours_compiled (`trainer.compile=true`: compiled decoder layers and logprob head) and trl on
-one GPU (the first of CUDA_VISIBLE_DEVICES); ours_split (and ours_split_compiled) on two: vLLM on one GPU (smol: two
+one GPU (the first of CUDA_VISIBLE_DEVICES); ours_overlap, also on one GPU: ours_compiled whose vLLM instances stay
+awake (`rollout.enable_sleep_mode=false`) and generate step n+1 while step n trains (`rollout.max_staleness=1`),
+against ours_compiled; ours_split (and ours_split_compiled) on two: vLLM on one GPU (smol: two
 instances there, as `smol_math` runs two colocated), the trainer (and reference) on the other, NCCL weight sync, and
 `rollout.max_staleness=1`, so the rollout of step n+1 (and its scoring) runs while step n trains; compared with ours
 (ours_compiled) on one GPU (a split run's median leaves out its last step, which has no next rollout to wait for);
@@ -23,7 +25,7 @@ on, its vLLM importance-sampling correction on). s/step is the median over steps
 and warm-up). Ours also prints its time per phase and `perf/mfu` (body FLOPs of the train phase, rl/flops.py).
 
     python benchmarks/grpo_step.py --out /tmp/grpo_step [--bench qwen06b smol] [--steps 6]
-        [--only ours ours_compiled trl ours_split ours_split_compiled ours_dp2 ours_dp2_weak verl_defaults verl_best]
+        [--only ours ours_compiled ours_overlap trl ours_split ours_split_compiled ours_dp2 ours_dp2_weak verl_defaults verl_best]
 
 verl_defaults / verl_best run benchmarks/verl_peer.py's verl 0.9.1 on the same bench in the same --out, one after
 the other with the rest on this machine, and its rows print under ours and TRL's.
@@ -85,13 +87,18 @@ def bench_value(bench: str, key: str, default: int) -> int:
 
 # ours_compiled: these keys on top of the bench's (one GPU, like ours)
 COMPILED = ["trainer.compile=true"]
+# ours_overlap: ours_compiled whose vLLM instances stay awake on the GPU, so the next step's rollout runs while this
+# step trains (one GPU, max_staleness 1: the samples of step n come from the weights of step n-2's update)
+OVERLAP = ["rollout.enable_sleep_mode=false", "rollout.max_staleness=1", *COMPILED]
 PHASES = ("rollout", "rollout_wait", "reward", "ref", "train", "sync")  # rollout_wait: split runs (max_staleness 1)
-RUNS = ("ours", "ours_compiled", "trl", "ours_split", "ours_split_compiled", "ours_dp2", "ours_dp2_weak")
+RUNS = ("ours", "ours_compiled", "ours_overlap", "trl", "ours_split", "ours_split_compiled", "ours_dp2", "ours_dp2_weak")
 BATCH_SCALE = {"ours_dp2_weak": 2}  # the run's samples a step over ours' (its throughput counts them)
 # verl 0.9.1 at its defaults and its best setting (benchmarks/verl_peer.py, in the same --out: its rows print below)
 VERL_RUNS = {"verl_defaults": "defaults", "verl_best": "best"}
 TWO_GPUS = ("ours_split", "ours_split_compiled", "ours_dp2", "ours_dp2_weak")
+ONE_STEP_OFF = ("ours_overlap", "ours_split", "ours_split_compiled")  # max_staleness 1: the last step waits for nothing
 LABELS = {"ours": "colocated on 1 GPU", "ours_compiled": "colocated on 1 GPU, trainer.compile",
+          "ours_overlap": "colocated on 1 GPU, vLLM awake, max_staleness 1, trainer.compile",
           "ours_dp2": "colocated on 2 GPUs, data parallel (a reference sharded over the ranks)",
           "ours_dp2_weak": "colocated on 2 GPUs, data parallel, twice the prompts a step (each GPU ours' batch)",
           "ours_split": "split on 2 GPUs, max_staleness 1",
@@ -135,6 +142,7 @@ def run_ours(bench: str, path: str, out: Path, steps: int, timeout: float, run_n
     name = f"{bench}-{run_name}"
     overrides = (replaced(bench, SPLIT[bench]) if run_name.startswith("ours_split")
                  else replaced(bench, dp2(bench, BATCH_SCALE.get(run_name, 1))) if run_name.startswith("ours_dp2")
+                 else BENCHES[bench]["ours"] + OVERLAP if run_name == "ours_overlap"
                  else BENCHES[bench]["ours"])
     if run_name.endswith("_compiled"):
         overrides = overrides + COMPILED
@@ -159,17 +167,17 @@ def rows(path: Path) -> list[dict]:
 
 
 def summarize(bench: str, out: Path, name: str = "ours") -> dict:
-    split = name.startswith("ours_split")
     ours, trl = rows(out / f"{bench}-{name}" / "metrics.jsonl"), rows(out / f"{bench}-trl" / "steps.jsonl")
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
     steps = len(ours)
-    if split:  # a split run's last step has no next rollout to wait for (a short step that is not the steady state)
+    if name in ONE_STEP_OFF:  # its last step has no next rollout to wait for (a short step, not the steady state)
         ours = ours[:-1]
     s = {"bench": f"{bench}, {LABELS[name]}",
          "ours_steps": steps, "trl_steps": len(trl), "ours": med([r["time/step"] for r in ours[1:]]),
          "trl": med([r["seconds"] for r in trl[1:] if "seconds" in r])}
-    if name in TWO_GPUS:
-        one_gpu = summarize(bench, out, "ours_compiled" if name.endswith("_compiled") else "ours")["ours"]
+    if name in TWO_GPUS or name == "ours_overlap":
+        one_gpu = summarize(bench, out, "ours" if name in ("ours_split", "ours_dp2", "ours_dp2_weak")
+                            else "ours_compiled")["ours"]
         # samples per second against the one-GPU run's (the same thing as its s/step ratio at the same batch)
         s["speedup"] = BATCH_SCALE.get(name, 1) * one_gpu / s["ours"] if one_gpu and s["ours"] else None
     for ph in PHASES:
@@ -223,7 +231,7 @@ def main() -> None:
         for bench in args.bench:
             path = model_path(bench, out)
             print(f"{bench}: {path}", flush=True)
-            for name in ("ours", "ours_compiled"):
+            for name in ("ours", "ours_compiled", "ours_overlap"):
                 if name in args.only:
                     run_ours(bench, path, out, args.steps, args.timeout, name, tuple(args.override))
             if "trl" in args.only:

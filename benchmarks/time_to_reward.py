@@ -11,6 +11,7 @@ verl is `benchmarks/verl_peer.py --bench smol --eval-every N` (verl 0.9.1, the s
 `verl` at its defaults, `verl_best` at its best: see that script): verl's own validation every N steps on the same
 64 held-out prompts, 4 samples each at temperature 1, and its file logger's `val-core/<source>/acc/mean@4` gives
 pass@1. It needs verl's wheels and at least 13 CPUs (verl_peer.py).
+`ours_overlap` is ours with the next step's rollout generating while a step trains (vLLM stays awake on the GPU).
 `ours_bitwise` is ours with `algorithm.on_policy=bitwise` (issue 39): with a target no run reaches (e.g. 1.1) every run
 goes to `--max-steps`, and the table gives the learning curves side by side with each run's median s/step and its
 largest `mismatch/logprob_abs` (0.0 on every step is the mode's claim).
@@ -31,16 +32,20 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ("ours", "ours_ds", "ours_bitwise", "trl", "verl", "verl_best")
+RUNS = ("ours", "ours_ds", "ours_overlap", "ours_bitwise", "trl", "verl", "verl_best")
 LABELS = {"ours": "ours (smol_math)", "ours_ds": "ours + dynamic sampling (data.dynamic_sampling.enabled)",
+          "ours_overlap": "ours, vLLM awake and one step off (rollout.enable_sleep_mode=false, max_staleness=1)",
           "ours_bitwise": "ours, bitwise on-policy (algorithm.on_policy=bitwise)",
           "trl": "TRL 1.16 GRPOTrainer (learn_real.py's settings)",
           "verl": "verl 0.9.1, its defaults (verl_peer.py)", "verl_best": "verl 0.9.1, its best setting (verl_peer.py)"}
-RUN_OVERRIDES = {"ours_ds": ["data.dynamic_sampling.enabled=true"], "ours_bitwise": ["algorithm.on_policy=bitwise"]}
+RUN_OVERRIDES = {"ours_ds": ["data.dynamic_sampling.enabled=true"], "ours_bitwise": ["algorithm.on_policy=bitwise"],
+                 # the next step's rollout generates while this step trains, on the same GPU
+                 "ours_overlap": ["rollout.enable_sleep_mode=false", "rollout.max_staleness=1"]}
 DEFAULT_RUNS = ("ours", "ours_ds", "trl", "verl_best")
 VERL_SETTING = {"verl": "defaults", "verl_best": "best"}
 # verl's core validation metric of the held-out prompts (verl_peer.overrides): the mean 0/1 score of its samples.
@@ -152,8 +157,9 @@ def time_to_reward(run: str, out: Path, target: float, every: int, max_steps: in
     with open(out / f"{run}.log", "w") as log:
         # SIGINT restored: a shell's background job (a batch script's `cmd &`) starts with it ignored, and the run
         # would inherit that and go on to its last step when `stop` asks it to end (seen on the device)
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # a Ray folder of its own: runs started side by side on one machine (one per GPU) do not share a Ray session
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": tempfile.mkdtemp(prefix="ray-ttr-")}
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             while time.time() - t0 < timeout:
@@ -165,6 +171,10 @@ def time_to_reward(run: str, out: Path, target: float, every: int, max_steps: in
                 time.sleep(poll)
         finally:
             stop(proc)
+    if proc.returncode and not seen:  # it failed before any evaluation: say why here, not only in its log
+        tail = (out / f"{run}.log").read_text(errors="replace").strip().splitlines()[-15:]
+        print(f"[time_to_reward] {run}: exited {proc.returncode} before any evaluation; its log ends:\n  "
+              + "\n  ".join(tail), flush=True)
     hit = first_reaching(seen, target)
     best = max(seen, key=lambda e: e[1]) if seen else None
     return {"run": run, "target": target, "reached": hit is not None, "seconds": hit[2] if hit else None,

@@ -89,9 +89,12 @@ def check_config(cfg: dict) -> None:
         # more queues further rollouts behind it and only makes their weights older.
         raise ConfigError(f"rollout.max_staleness={staleness}: use 0 (synchronous) or 1 (the next step's rollout runs "
                           "while this step trains); larger values add no overlap, only staleness")
-    if staleness and is_colocated_vllm(cfg):
+    if staleness and is_colocated_vllm(cfg) and cfg["rollout"].get("enable_sleep_mode"):
+        # Without sleep mode the instances keep their memory and generate while the trainer trains on the same GPU
+        # (worth it where neither fills the GPU: a small model's decode loop and train phase are both CPU-bound).
         raise ConfigError("rollout.max_staleness > 0 overlaps rollout with training, which colocated vLLM cannot do "
-                          "(it sleeps while the trainer trains): use rollout.placement=split, or 0")
+                          "while it sleeps as the trainer trains (rollout.enable_sleep_mode=true): set "
+                          "rollout.enable_sleep_mode=false (both stay on the GPU), use rollout.placement=split, or 0")
     if not isinstance(cfg["rollout"].get("payload_by_reference", True), bool):
         raise ConfigError(f"rollout.payload_by_reference={cfg['rollout']['payload_by_reference']!r}: true or false")
     if float(cfg["rollout"]["temperature"]) == 0:

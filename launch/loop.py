@@ -24,13 +24,23 @@ from launch.run_dir import RunDirLock, write_config
 from launch.sources import make_source, timed
 from launch.startup import StartupTimeline, warn_uncached_bytecode
 from launch.tracking import Tracker
+from rollout.vllm_model_info import ModelInfoPrewarm, prewarm_wanted
 from rl.batching import minibatches
 from rl.flops import PerfMeter, load_body_flops, resolve_peak_tflops
 from rl.metrics import trainer_metrics
 from rl.models import load_tokenizer
-from trainer.objectives import objective_of
+from trainer.objectives import OBJECTIVES, objective_of
 
 log = logging.getLogger(__name__)
+
+
+def start_prewarm(cfg: dict, timeline: StartupTimeline) -> ModelInfoPrewarm | None:
+    """vLLM's answers about the model's class, worked out while the model is found and Ray starts (rollout/
+    vllm_model_info.py; marked `vllm_model_info` on the timeline when written); None for a run without vLLM rollouts."""
+    objective = OBJECTIVES.get(str(cfg["algorithm"].get("objective", "grpo")))  # an unknown one: prepare() says so
+    if objective is None or objective.source != "rollouts" or not prewarm_wanted(cfg["rollout"]):
+        return None
+    return ModelInfoPrewarm(lambda _: timeline.mark("vllm_model_info"))
 
 
 def train(cfg: dict, launched: float | None = None) -> dict:
@@ -38,7 +48,15 @@ def train(cfg: dict, launched: float | None = None) -> dict:
     `launched`: when the command started (time.time()), where the start-up timeline counts from."""
     timeline = StartupTimeline(launched or time.time())
     warn_uncached_bytecode()
-    model_path = prepare(cfg)
+    prewarm = start_prewarm(cfg, timeline)
+    try:
+        model_path = prepare(cfg)
+    except BaseException:
+        if prewarm is not None:
+            prewarm.stop()
+        raise
+    if prewarm is not None:
+        prewarm.send(model_path)
     timeline.mark("model")  # found, converted or built
     run_dir, t = Path(cfg["run_dir"]).resolve(), cfg["trainer"]
     lock = RunDirLock(run_dir)  # before anything is written there
@@ -95,6 +113,8 @@ def train(cfg: dict, launched: float | None = None) -> dict:
         finally:
             if cluster is not None:
                 cluster.shutdown()
+            if prewarm is not None:
+                prewarm.stop()
             lock.release()
     return summary
 

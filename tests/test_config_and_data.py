@@ -97,6 +97,16 @@ def test_bad_gpu_layout_names_the_key(overrides, match):
         check_config(composed(*VLLM_COLOCATED, *overrides))
 
 
+def test_colocated_overlap_needs_engines_that_stay_awake():
+    """max_staleness=1 with colocated vLLM: refused while the instances sleep as the trainer trains (nothing could
+    generate then), taken when they keep their memory (rollout.enable_sleep_mode=false) and so can."""
+    with pytest.raises(ConfigError, match=r"rollout\.enable_sleep_mode=false"):
+        check_config(composed(*VLLM_COLOCATED, "rollout.max_staleness=1"))
+    cfg = composed(*VLLM_COLOCATED, "rollout.max_staleness=1", "rollout.enable_sleep_mode=false")
+    check_config(cfg)
+    assert cfg["rollout"]["max_staleness"] == 1
+
+
 def test_gpu_shares_of_a_colocated_run():
     from launch.placement import colocated_shares
 

@@ -66,6 +66,19 @@ def test_the_step_benchmark_times_vllm_compiled_while_smol_math_starts_without(g
     check_config(timed)
 
 
+@pytest.mark.parametrize("bench", ["smol", "qwen06b"])
+def test_overlap_run_keeps_vllm_awake_on_the_one_gpu(grpo_step, bench):
+    """ours_overlap: colocated on one GPU, the instances never sleep, the next rollout runs while a step trains."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=[
+            "+experiment=smol_math", "model.path=/nonexistent", *grpo_step.BENCHES[bench]["ours"],
+            *grpo_step.OVERLAP]), resolve=True)
+    assert cfg["rollout"]["placement"] == "colocated" and cfg["trainer"]["num_processes"] == 1
+    assert cfg["rollout"]["enable_sleep_mode"] is False and cfg["rollout"]["max_staleness"] == 1
+    assert cfg["trainer"]["compile"] is True
+    check_config(cfg)
+
+
 def _metrics(path: Path, steps: list[float]) -> None:
     path.mkdir(parents=True)
     path.joinpath("metrics.jsonl").write_text("".join(
@@ -81,6 +94,7 @@ def test_split_throughput_is_against_the_one_gpu_run_with_the_same_trainer(grpo_
     _metrics(tmp_path / "smol-ours_split_compiled", [20.0, 0.7, 0.9, 0.3])
     _metrics(tmp_path / "smol-ours_dp2", [25.0, 1.1, 1.1, 1.1])
     _metrics(tmp_path / "smol-ours_dp2_weak", [25.0, 2.2, 2.4, 2.2])  # twice the samples a step
+    _metrics(tmp_path / "smol-ours_overlap", [25.0, 1.0, 0.8, 0.3])  # one GPU, one step off: the last left out
     rows = {s["bench"]: s for s in grpo_step.summaries("smol", tmp_path)}
     assert rows["smol, colocated on 1 GPU"]["ours"] == 2.0  # median of steps 2.. (step 1 compiles and warms up)
     assert rows["smol, split on 2 GPUs, max_staleness 1"]["speedup"] == pytest.approx(2.0)
@@ -89,6 +103,7 @@ def test_split_throughput_is_against_the_one_gpu_run_with_the_same_trainer(grpo_
     assert rows["smol, colocated on 2 GPUs, data parallel (a reference sharded over the ranks)"]["speedup"] == pytest.approx(2.0 / 1.1)
     # twice the batch: samples per second against the one-GPU run's, 2 x 2.0 / 2.2
     assert rows["smol, colocated on 2 GPUs, data parallel, twice the prompts a step (each GPU ours' batch)"]["speedup"] == pytest.approx(4.0 / 2.2)
+    assert rows["smol, colocated on 1 GPU, vLLM awake, max_staleness 1, trainer.compile"]["speedup"] == pytest.approx(1.6 / 0.9)
     assert "2.00x" in grpo_step.table(list(rows.values()))
 
 

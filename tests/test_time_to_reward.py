@@ -124,3 +124,30 @@ def test_a_verl_run_is_timed_to_verls_own_validation(tmp_path):
     assert args["--setting"] == "best" and args["--eval-every"] == "5" and args["--steps"] == "60"
     defaults = time_to_reward.command("verl", run, 5, 60, [])
     assert dict(zip(defaults[2::2], defaults[3::2]))["--setting"] == "defaults"
+
+
+def test_the_overlap_run_is_a_config_the_run_accepts(tmp_path):
+    """ours_overlap: smol_math with vLLM awake on the trainer's GPU and the next rollout generating meanwhile."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from launch.config import check_config
+
+    cmd = time_to_reward.command("ours_overlap", tmp_path / "ours_overlap", 5, 20, [])
+    overrides = [a for a in cmd[cmd.index("launch.train") + 1:] if not a.startswith("run_dir=")]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=[*overrides, "model.path=/nonexistent"]),
+                                     resolve=True)
+    assert cfg["rollout"]["max_staleness"] == 1 and cfg["rollout"]["enable_sleep_mode"] is False
+    assert cfg["rollout"]["placement"] == "colocated"
+    check_config(cfg)
+
+
+def test_a_run_that_fails_before_any_evaluation_says_why(tmp_path, capsys):
+    """A run that ends at once (here a misspelled engine) is reported as not reached, with its exit code, and the
+    end of its log is printed with the result rather than left in a file on the machine that ran it."""
+    r = time_to_reward.time_to_reward("ours", tmp_path, 0.3, 2, 6, 300, ["rollout.engine=vlm"],
+                                      experiment="mixed_rl")
+    assert not r["reached"] and r["exit_code"] == 2 and r["evaluations"] == []
+    printed = capsys.readouterr().out
+    assert "exited 2 before any evaluation" in printed and "rollout.engine" in printed, printed

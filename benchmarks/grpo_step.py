@@ -176,8 +176,8 @@ def summarize(bench: str, out: Path, name: str = "ours") -> dict:
          "ours_steps": steps, "trl_steps": len(trl), "ours": med([r["time/step"] for r in ours[1:]]),
          "trl": med([r["seconds"] for r in trl[1:] if "seconds" in r])}
     if name in TWO_GPUS or name == "ours_overlap":
-        one_gpu = summarize(bench, out, "ours" if name in ("ours_split", "ours_dp2", "ours_dp2_weak")
-                            else "ours_compiled")["ours"]
+        compiled = name.endswith("_compiled") or name == "ours_overlap"  # the one-GPU run with the same trainer
+        one_gpu = summarize(bench, out, "ours_compiled" if compiled else "ours")["ours"]
         # samples per second against the one-GPU run's (the same thing as its s/step ratio at the same batch)
         s["speedup"] = BATCH_SCALE.get(name, 1) * one_gpu / s["ours"] if one_gpu and s["ours"] else None
     for ph in PHASES:

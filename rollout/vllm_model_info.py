@@ -106,14 +106,14 @@ class ModelInfoPrewarm:
         self._thread.join(timeout=2)
 
 
-def warm(model_dir: str, registry) -> list[str]:
+def warm(archs: list[str], registry) -> list[str]:
     """Answer vLLM's registry (`registry`: the module vllm.model_executor.models.registry) for the model's
-    architectures in this process, which its cache then keeps; returns the architectures answered."""
+    architectures `archs` in this process, which its cache then keeps; returns the architectures answered."""
     # vLLM answers in a helper process only so that its own process does not initialise CUDA; this one is
     # that helper, so the question runs here and the registry's cache write that follows is vLLM's own
     registry._run_in_subprocess = lambda fn: fn()
     warmed = []
-    for arch in architectures(model_dir):
+    for arch in archs:
         model = registry.ModelRegistry.models.get(arch)
         if model is not None:
             model.inspect_model_cls()
@@ -131,8 +131,9 @@ def main() -> None:
     model_dir = sys.stdin.readline().strip()
     if not model_dir:
         return
-    warmed = warm(model_dir, registry)
-    print(json.dumps({"architectures": architectures(model_dir), "warmed": warmed, "import_seconds": round(imported, 2),
+    archs = architectures(model_dir)
+    warmed = warm(archs, registry)
+    print(json.dumps({"architectures": archs, "warmed": warmed, "import_seconds": round(imported, 2),
                       "seconds": round(time.perf_counter() - t0, 2)}), flush=True)
 
 

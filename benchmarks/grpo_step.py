@@ -10,7 +10,9 @@ Two benchmarks (`--bench`):
 Runs (`--only`): ours, ours_compiled (`trainer.compile=true`: compiled decoder layers and logprob head) and trl on
 one GPU (the first of CUDA_VISIBLE_DEVICES); ours_overlap, also on one GPU: ours_compiled whose vLLM instances stay
 awake (`rollout.enable_sleep_mode=false`) and generate step n+1 while step n trains (`rollout.max_staleness=1`),
-against ours_compiled; ours_split (and ours_split_compiled) on two: vLLM on one GPU (smol: two
+against ours_compiled; ours_fp8: ours_overlap with vLLM's KV cache in FP8 (`rollout.kv_cache_dtype=fp8`) and pi_old
+recomputed by the trainer, whose truncated importance weights correct for the FP8 engine's samples
+(`algorithm.old_logprobs=trainer`); ours_split (and ours_split_compiled) on two: vLLM on one GPU (smol: two
 instances there, as `smol_math` runs two colocated), the trainer (and reference) on the other, NCCL weight sync, and
 `rollout.max_staleness=1`, so the rollout of step n+1 (and its scoring) runs while step n trains; compared with ours
 (ours_compiled) on one GPU (a split run's median leaves out its last step, which has no next rollout to wait for);
@@ -25,7 +27,7 @@ on, its vLLM importance-sampling correction on). s/step is the median over steps
 and warm-up). Ours also prints its time per phase and `perf/mfu` (body FLOPs of the train phase, rl/flops.py).
 
     python benchmarks/grpo_step.py --out /tmp/grpo_step [--bench qwen06b smol] [--steps 6]
-        [--only ours ours_compiled ours_overlap trl ours_split ours_split_compiled ours_dp2 ours_dp2_weak verl_defaults verl_best]
+        [--only ours ours_compiled ours_overlap ours_fp8 trl ours_split ours_split_compiled ours_dp2 ours_dp2_weak verl_defaults verl_best]
 
 verl_defaults / verl_best run benchmarks/verl_peer.py's verl 0.9.1 on the same bench in the same --out, one after
 the other with the rest on this machine, and its rows print under ours and TRL's.
@@ -90,15 +92,19 @@ COMPILED = ["trainer.compile=true"]
 # ours_overlap: ours_compiled whose vLLM instances stay awake on the GPU, so the next step's rollout runs while this
 # step trains (one GPU, max_staleness 1: the samples of step n come from the weights of step n-2's update)
 OVERLAP = ["rollout.enable_sleep_mode=false", "rollout.max_staleness=1", *COMPILED]
+# ours_fp8: ours_overlap with the KV cache in FP8 (half the bytes a decode step reads) and pi_old recomputed by the
+# trainer, the engine's FP8 samples weighted by truncated importance sampling (algorithm.tis_cap)
+FP8 = [*OVERLAP, "rollout.kv_cache_dtype=fp8", "algorithm.old_logprobs=trainer"]
 PHASES = ("rollout", "rollout_wait", "reward", "ref", "train", "sync")  # rollout_wait: split runs (max_staleness 1)
-RUNS = ("ours", "ours_compiled", "ours_overlap", "trl", "ours_split", "ours_split_compiled", "ours_dp2", "ours_dp2_weak")
+RUNS = ("ours", "ours_compiled", "ours_overlap", "ours_fp8", "trl", "ours_split", "ours_split_compiled", "ours_dp2", "ours_dp2_weak")
 BATCH_SCALE = {"ours_dp2_weak": 2}  # the run's samples a step over ours' (its throughput counts them)
 # verl 0.9.1 at its defaults and its best setting (benchmarks/verl_peer.py, in the same --out: its rows print below)
 VERL_RUNS = {"verl_defaults": "defaults", "verl_best": "best"}
 TWO_GPUS = ("ours_split", "ours_split_compiled", "ours_dp2", "ours_dp2_weak")
-ONE_STEP_OFF = ("ours_overlap", "ours_split", "ours_split_compiled")  # max_staleness 1: the last step waits for nothing
+ONE_STEP_OFF = ("ours_overlap", "ours_fp8", "ours_split", "ours_split_compiled")  # max_staleness 1: the last step waits for nothing
 LABELS = {"ours": "colocated on 1 GPU", "ours_compiled": "colocated on 1 GPU, trainer.compile",
           "ours_overlap": "colocated on 1 GPU, vLLM awake, max_staleness 1, trainer.compile",
+          "ours_fp8": "colocated on 1 GPU, vLLM awake, max_staleness 1, trainer.compile, FP8 KV cache + TIS",
           "ours_dp2": "colocated on 2 GPUs, data parallel (a reference sharded over the ranks)",
           "ours_dp2_weak": "colocated on 2 GPUs, data parallel, twice the prompts a step (each GPU ours' batch)",
           "ours_split": "split on 2 GPUs, max_staleness 1",
@@ -143,6 +149,7 @@ def run_ours(bench: str, path: str, out: Path, steps: int, timeout: float, run_n
     overrides = (replaced(bench, SPLIT[bench]) if run_name.startswith("ours_split")
                  else replaced(bench, dp2(bench, BATCH_SCALE.get(run_name, 1))) if run_name.startswith("ours_dp2")
                  else BENCHES[bench]["ours"] + OVERLAP if run_name == "ours_overlap"
+                 else BENCHES[bench]["ours"] + FP8 if run_name == "ours_fp8"
                  else BENCHES[bench]["ours"])
     if run_name.endswith("_compiled"):
         overrides = overrides + COMPILED
@@ -175,8 +182,8 @@ def summarize(bench: str, out: Path, name: str = "ours") -> dict:
     s = {"bench": f"{bench}, {LABELS[name]}",
          "ours_steps": steps, "trl_steps": len(trl), "ours": med([r["time/step"] for r in ours[1:]]),
          "trl": med([r["seconds"] for r in trl[1:] if "seconds" in r])}
-    if name in TWO_GPUS or name == "ours_overlap":
-        compiled = name.endswith("_compiled") or name == "ours_overlap"  # the one-GPU run with the same trainer
+    if name in TWO_GPUS or name in ONE_STEP_OFF:
+        compiled = name.endswith("_compiled") or name in ("ours_overlap", "ours_fp8")  # the same trainer
         one_gpu = summarize(bench, out, "ours_compiled" if compiled else "ours")["ours"]
         # samples per second against the one-GPU run's (the same thing as its s/step ratio at the same batch)
         s["speedup"] = BATCH_SCALE.get(name, 1) * one_gpu / s["ours"] if one_gpu and s["ours"] else None
@@ -231,7 +238,7 @@ def main() -> None:
         for bench in args.bench:
             path = model_path(bench, out)
             print(f"{bench}: {path}", flush=True)
-            for name in ("ours", "ours_compiled", "ours_overlap"):
+            for name in ("ours", "ours_compiled", "ours_overlap", "ours_fp8"):
                 if name in args.only:
                     run_ours(bench, path, out, args.steps, args.timeout, name, tuple(args.override))
             if "trl" in args.only:

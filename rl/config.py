@@ -202,6 +202,11 @@ def validate(cfg: Mapping) -> None:
         check_choice(r, "capture", "rollout", {"sampler", "logprobs"})
     if "engine_core" in r:
         check_choice(r, "engine_core", "rollout", {"in_process", "subprocess"})
+    if "kv_cache_dtype" in r:
+        check_choice(r, "kv_cache_dtype", "rollout", set(KV_CACHE_DTYPES))
+        if r["kv_cache_dtype"] != "auto" and r["engine"] == "hf":
+            raise ConfigError(f"rollout.kv_cache_dtype={r['kv_cache_dtype']} is a vLLM setting; the hf (transformers) "
+                              "engine keeps its cache in model.dtype: use rollout.engine=vllm or kv_cache_dtype=auto")
     if check_number(r, "temperature", "rollout", lo=0) and r["temperature"] < 1e-5:
         # vLLM treats such temperatures as greedy (plain logprobs) while the trainer would divide by them
         raise ConfigError(f"rollout.temperature must be 0 (greedy) or >= 1e-5, got {r['temperature']}")
@@ -442,6 +447,8 @@ def bitwise_on_policy(cfg: Mapping) -> bool:
     return (cfg.get("algorithm") or {}).get("on_policy", "default") == BITWISE
 
 
+# rollout.kv_cache_dtype: vLLM's names; auto = model.dtype, fp8 = fp8_e4m3 on NVIDIA GPUs
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 # engine arguments that would change the kernels the trainer replays (the mode sets the first two itself)
 BITWISE_ENGINE_ARGS = {"enforce_eager", "attention_backend", "attention_config", "compilation_config", "quantization",
                        "kv_cache_dtype"}
@@ -467,6 +474,8 @@ def validate_bitwise(cfg: Mapping) -> None:
         "model.dtype=bfloat16 (the dtype the mode was checked in)": m.get("dtype") == "bfloat16",
         "algorithm.keep_sampling_mask on when rollout.top_p < 1 or top_k > 0 (the engine's value is over the kept set)":
             not truncates or a.get("keep_sampling_mask", AUTO) in (AUTO, True),
+        "rollout.kv_cache_dtype=auto (the trainer replays attention over model.dtype values)":
+            r.get("kv_cache_dtype", "auto") == "auto",
         f"no rollout.engine_args {sorted(engine_args & BITWISE_ENGINE_ARGS)} (the mode sets or excludes them)":
             not engine_args & BITWISE_ENGINE_ARGS,
     }

@@ -153,6 +153,7 @@ class VLLMEngine:
         engine_core_in_process: bool = True,
         start: EngineStart | None = None,
         bitwise: bool = False,
+        kv_cache_dtype: str = "auto",
     ):
         # IPC handles travel pickled; the sampler needs no flashinfer.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -199,6 +200,8 @@ class VLLMEngine:
             kwargs["max_model_len"] = int(max_model_len)
         if max_num_seqs:
             kwargs["max_num_seqs"] = int(max_num_seqs)
+        if kv_cache_dtype != "auto":  # rollout.kv_cache_dtype: fewer bytes read per decode step (and per cached token)
+            kwargs["kv_cache_dtype"] = kv_cache_dtype
         if weight_transfer_backend:
             try:
                 from vllm.config import WeightTransferConfig
@@ -600,4 +603,5 @@ def build(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, see
         engine_core_in_process=str(rcfg.get("engine_core", "in_process")) == "in_process",
         start=start,
         bitwise=bitwise,
+        kv_cache_dtype=str(rcfg.get("kv_cache_dtype", "auto")),
     )

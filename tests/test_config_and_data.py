@@ -107,6 +107,22 @@ def test_colocated_overlap_needs_engines_that_stay_awake():
     assert cfg["rollout"]["max_staleness"] == 1
 
 
+def test_fp8_kv_cache_is_a_vllm_setting_checked_by_name():
+    """rollout.kv_cache_dtype: vLLM's names only, and only where vLLM generates (the hf engine's cache is
+    model.dtype); bitwise on-policy refuses it, since the trainer would replay attention over other values."""
+    cfg = composed(*VLLM_COLOCATED, "rollout.kv_cache_dtype=fp8", "algorithm.old_logprobs=trainer")
+    check_config(cfg)
+    assert cfg["rollout"]["kv_cache_dtype"] == "fp8"
+    assert composed(*VLLM_COLOCATED)["rollout"]["kv_cache_dtype"] == "auto"  # the shipped default
+    with pytest.raises(ConfigError, match=r"rollout\.kv_cache_dtype.*fp8_e4m3"):
+        check_config(composed(*VLLM_COLOCATED, "rollout.kv_cache_dtype=int4"))
+    with pytest.raises(ConfigError, match=r"rollout\.kv_cache_dtype=fp8 is a vLLM setting"):
+        check_config(composed(*VLLM_COLOCATED, "rollout.engine=hf", "rollout.kv_cache_dtype=fp8"))
+    with pytest.raises(ConfigError, match=r"rollout\.kv_cache_dtype=auto"):
+        check_config(composed(*VLLM_COLOCATED, "rollout.kv_cache_dtype=fp8", "algorithm.on_policy=bitwise",
+                              "trainer.device=cuda"))
+
+
 def test_gpu_shares_of_a_colocated_run():
     from launch.placement import colocated_shares
 

@@ -79,6 +79,19 @@ def test_overlap_run_keeps_vllm_awake_on_the_one_gpu(grpo_step, bench):
     check_config(cfg)
 
 
+@pytest.mark.parametrize("bench", ["smol", "qwen06b"])
+def test_fp8_run_is_the_overlap_run_with_an_fp8_cache_and_tis(grpo_step, bench):
+    """ours_fp8: ours_overlap's layout, vLLM's KV cache in FP8, and pi_old recomputed by the trainer so the FP8
+    engine's samples are weighted by truncated importance sampling."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name="train", overrides=[
+            "+experiment=smol_math", "model.path=/nonexistent", *grpo_step.BENCHES[bench]["ours"],
+            *grpo_step.FP8]), resolve=True)
+    assert cfg["rollout"]["enable_sleep_mode"] is False and cfg["rollout"]["max_staleness"] == 1
+    assert cfg["rollout"]["kv_cache_dtype"] == "fp8" and cfg["algorithm"]["old_logprobs"] == "trainer"
+    check_config(cfg)
+
+
 def _metrics(path: Path, steps: list[float]) -> None:
     path.mkdir(parents=True)
     path.joinpath("metrics.jsonl").write_text("".join(
@@ -95,6 +108,7 @@ def test_split_throughput_is_against_the_one_gpu_run_with_the_same_trainer(grpo_
     _metrics(tmp_path / "smol-ours_dp2", [25.0, 1.1, 1.1, 1.1])
     _metrics(tmp_path / "smol-ours_dp2_weak", [25.0, 2.2, 2.4, 2.2])  # twice the samples a step
     _metrics(tmp_path / "smol-ours_overlap", [25.0, 1.0, 0.8, 0.3])  # one GPU, one step off: the last left out
+    _metrics(tmp_path / "smol-ours_fp8", [25.0, 0.8, 0.8, 0.3])  # the same, against the same compiled run
     rows = {s["bench"]: s for s in grpo_step.summaries("smol", tmp_path)}
     assert rows["smol, colocated on 1 GPU"]["ours"] == 2.0  # median of steps 2.. (step 1 compiles and warms up)
     assert rows["smol, split on 2 GPUs, max_staleness 1"]["speedup"] == pytest.approx(2.0)
@@ -104,6 +118,8 @@ def test_split_throughput_is_against_the_one_gpu_run_with_the_same_trainer(grpo_
     # twice the batch: samples per second against the one-GPU run's, 2 x 2.0 / 2.2
     assert rows["smol, colocated on 2 GPUs, data parallel, twice the prompts a step (each GPU ours' batch)"]["speedup"] == pytest.approx(4.0 / 2.2)
     assert rows["smol, colocated on 1 GPU, vLLM awake, max_staleness 1, trainer.compile"]["speedup"] == pytest.approx(1.6 / 0.9)
+    assert rows["smol, colocated on 1 GPU, vLLM awake, max_staleness 1, trainer.compile, FP8 KV cache + TIS"][
+        "speedup"] == pytest.approx(1.6 / 0.8)
     assert "2.00x" in grpo_step.table(list(rows.values()))
 
 

@@ -37,11 +37,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -49,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from learn_real import ours_command  # noqa: E402  (benchmarks/, this script's directory)
+from run_env import drop_ray_folder, run_env  # noqa: E402
 
 # ours: overrides of +experiment=smol_math; trl: learn_real.py --trl-child arguments (the same work)
 # Steps 2+ are what is timed here, so vLLM compiles as it does by default: smol_math turns its compilation off for a
@@ -128,18 +127,19 @@ def model_path(bench: str, out: Path) -> str:
 
 
 def run(cmd: list[str], log: Path, timeout: float, gpus: int = 1) -> float:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": tempfile.mkdtemp(prefix="ray-grpo-step-")}
+    env = run_env("ray-grpo-step-")
     visible = env.get("CUDA_VISIBLE_DEVICES")
     visible = visible.split(",") if visible else [str(i) for i in range(gpus)]
     if len(visible) < gpus:
         raise SystemExit(f"{log.stem}: needs {gpus} GPUs, CUDA_VISIBLE_DEVICES has {len(visible)}")
     env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[:gpus])
-    t0 = time.perf_counter()
+    t0, rc = time.perf_counter(), None
     with log.open("w") as f:
         try:
-            subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+            rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             print(f"  timed out after {timeout:.0f} s (kept what it logged): {log}", flush=True)
+    drop_ray_folder(env, rc)
     return time.perf_counter() - t0
 
 

@@ -32,9 +32,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from run_env import drop_ray_folder, run_env  # benchmarks/, this script's directory
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("ours", "ours_ds", "ours_overlap", "ours_bitwise", "trl", "verl", "verl_best")
@@ -157,8 +158,7 @@ def time_to_reward(run: str, out: Path, target: float, every: int, max_steps: in
     with open(out / f"{run}.log", "w") as log:
         # SIGINT restored: a shell's background job (a batch script's `cmd &`) starts with it ignored, and the run
         # would inherit that and go on to its last step when `stop` asks it to end (seen on the device)
-        # a Ray folder of its own: runs started side by side on one machine (one per GPU) do not share a Ray session
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": tempfile.mkdtemp(prefix="ray-ttr-")}
+        env = run_env("ray-ttr-")  # a Ray folder of its own (runs side by side on one machine), the project importable
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
@@ -171,6 +171,8 @@ def time_to_reward(run: str, out: Path, target: float, every: int, max_steps: in
                 time.sleep(poll)
         finally:
             stop(proc)
+    # stopped at its target: a clean end whatever the signal's exit code
+    drop_ray_folder(env, 0 if first_reaching(seen, target) else proc.returncode)
     if proc.returncode and not seen:  # it failed before any evaluation: say why here, not only in its log
         tail = (out / f"{run}.log").read_text(errors="replace").strip().splitlines()[-15:]
         print(f"[time_to_reward] {run}: exited {proc.returncode} before any evaluation; its log ends:\n  "

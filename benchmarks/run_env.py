@@ -1,0 +1,34 @@
+"""The environment of one benchmark run started as a command (grpo_step.py, time_to_reward.py), and its cleanup.
+
+Each run gets a Ray folder of its own (`RAY_TMPDIR`), so runs side by side on one machine (one per GPU) never share
+a Ray session, and the project root first on `PYTHONPATH`, so the run's Ray workers import the project whatever
+the caller's environment (a checkout without `pip install -e .`). A run that exits cleanly leaves no Ray folder
+behind (its session logs and spilled objects would pile up in /tmp over many runs); a failed run's folder is kept,
+and said where, for Ray's own logs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_env(prefix: str) -> dict:
+    """os.environ plus unbuffered output, the project on PYTHONPATH and a new Ray folder (`prefix` names it)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": tempfile.mkdtemp(prefix=prefix)}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
+
+
+def drop_ray_folder(env: dict, returncode: int | None) -> None:
+    """Remove the run's Ray folder after exit code 0, or when Ray never wrote to it (the run failed before Ray
+    started: a config error); keep it after anything else (a failure, a timeout: None)."""
+    folder = env["RAY_TMPDIR"]
+    if returncode == 0 or not any(Path(folder).iterdir()):
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        print(f"  the run's Ray logs are kept in {folder}/session_latest/logs", flush=True)

@@ -21,8 +21,8 @@ from launch.placement import check_gpu_layout
 from launch.tracking import wandb_mode
 from rewards.compose import check_reward_specs, reward_section_keys
 from rl.bitwise import unsupported_reason
-from rl.config import (ConfigError, bitwise_on_policy, check_number, is_colocated_vllm, resolve_auto, teacher_paths,
-                       to_plain, validate)
+from rl.config import (ConfigError, bitwise_on_policy, check_choice, check_number, is_colocated_vllm, resolve_auto,
+                       teacher_paths, to_plain, validate)
 from rl.models import resolve_model_path
 from trainer.objectives import OBJECTIVES, objective_of
 
@@ -95,8 +95,8 @@ def check_config(cfg: dict) -> None:
         raise ConfigError("rollout.max_staleness > 0 overlaps rollout with training, which colocated vLLM cannot do "
                           "while it sleeps as the trainer trains (rollout.enable_sleep_mode=true): set "
                           "rollout.enable_sleep_mode=false (both stay on the GPU), use rollout.placement=split, or 0")
-    if not isinstance(cfg["rollout"].get("payload_by_reference", True), bool):
-        raise ConfigError(f"rollout.payload_by_reference={cfg['rollout']['payload_by_reference']!r}: true or false")
+    if "payload_by_reference" in cfg["rollout"]:
+        check_choice(cfg["rollout"], "payload_by_reference", "rollout", {True, False})
     if float(cfg["rollout"]["temperature"]) == 0:
         log.warning("rollout.temperature=0 (greedy): the %d samples of a prompt are identical, so every advantage "
                     "is 0 and GRPO learns nothing; sample with a temperature > 0", int(cfg["rollout"]["n_samples"]))

@@ -48,8 +48,10 @@ def check_number(cfg: Mapping, key: str, path: str, *, lo: float | None = None, 
 
 
 def check_choice(cfg: Mapping, key: str, path: str, choices: set) -> Any:
+    """`cfg[key]` is one of `choices`, a bool only where the choices name one: Python's 1 == True would otherwise let
+    `trainer.compile=1` or `trainer.zero_stage=true` through."""
     value = cfg.get(key)
-    if value not in choices:
+    if not any(value == c and isinstance(value, bool) == isinstance(c, bool) for c in choices):
         raise ConfigError(f"{path}.{key} must be one of {sorted(map(str, choices))}, got {value!r}")
     return value
 
@@ -216,8 +218,8 @@ def validate(cfg: Mapping) -> None:
     check_number(r, "num_workers", "rollout", lo=1, integer=True)
     check_number(r, "max_model_len", "rollout", lo=1, integer=True, optional=True)
     check_number(r, "max_num_seqs", "rollout", lo=1, integer=True, optional=True)
-    if not isinstance(r.get("compile", True), bool):
-        raise ConfigError(f"rollout.compile must be true or false, got {r['compile']!r}")
+    if "compile" in r:
+        check_choice(r, "compile", "rollout", {True, False})
     check_number(data, "prompts_per_step", "data", lo=1, integer=True)
     check_number(data, "max_prompt_tokens", "data", lo=1, integer=True)
     if not dataset:

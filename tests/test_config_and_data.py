@@ -123,6 +123,22 @@ def test_fp8_kv_cache_is_a_vllm_setting_checked_by_name():
                               "trainer.device=cuda"))
 
 
+@pytest.mark.parametrize("override, match", [
+    ("trainer.compile=1", r"trainer\.compile must be one of \['False', 'True'\], got 1"),
+    ("rollout.compile=0", r"rollout\.compile must be one of"),
+    ("rollout.payload_by_reference=1", r"rollout\.payload_by_reference must be one of"),
+    ("trainer.gradient_checkpointing=1", r"trainer\.gradient_checkpointing must be one of"),
+    ("trainer.zero_stage=true", r"trainer\.zero_stage must be one of \['0', '1', '2', '3'\], got True"),
+])
+def test_switches_take_true_or_false_and_counts_take_numbers(override, match):
+    """One check for every switch: 1/0 are not true/false (Python's 1 == True let some keys take them), and
+    true is not the number 1 (trainer.zero_stage=true would have meant ZeRO-1)."""
+    with pytest.raises(ConfigError, match=match):
+        check_config(composed(*VLLM_COLOCATED, override))
+    check_config(composed(*VLLM_COLOCATED, "trainer.compile=true", "rollout.compile=false",
+                          "rollout.payload_by_reference=false", "trainer.zero_stage=1"))
+
+
 def test_gpu_shares_of_a_colocated_run():
     from launch.placement import colocated_shares
 

@@ -94,6 +94,8 @@ OVERLAP = ["rollout.enable_sleep_mode=false", "rollout.max_staleness=1", *COMPIL
 # ours_fp8: ours_overlap with the KV cache in FP8 (half the bytes a decode step reads) and pi_old recomputed by the
 # trainer, the engine's FP8 samples weighted by truncated importance sampling (algorithm.tis_cap)
 FP8 = [*OVERLAP, "rollout.kv_cache_dtype=fp8", "algorithm.old_logprobs=trainer"]
+# the one-GPU runs whose vLLM stays awake: their keys on top of the bench's (each includes COMPILED)
+AWAKE = {"ours_overlap": OVERLAP, "ours_fp8": FP8}
 PHASES = ("rollout", "rollout_wait", "reward", "ref", "train", "sync")  # rollout_wait: split runs (max_staleness 1)
 RUNS = ("ours", "ours_compiled", "ours_overlap", "ours_fp8", "trl", "ours_split", "ours_split_compiled", "ours_dp2", "ours_dp2_weak")
 BATCH_SCALE = {"ours_dp2_weak": 2}  # the run's samples a step over ours' (its throughput counts them)
@@ -148,9 +150,7 @@ def run_ours(bench: str, path: str, out: Path, steps: int, timeout: float, run_n
     name = f"{bench}-{run_name}"
     overrides = (replaced(bench, SPLIT[bench]) if run_name.startswith("ours_split")
                  else replaced(bench, dp2(bench, BATCH_SCALE.get(run_name, 1))) if run_name.startswith("ours_dp2")
-                 else BENCHES[bench]["ours"] + OVERLAP if run_name == "ours_overlap"
-                 else BENCHES[bench]["ours"] + FP8 if run_name == "ours_fp8"
-                 else BENCHES[bench]["ours"])
+                 else BENCHES[bench]["ours"] + AWAKE.get(run_name, []))
     if run_name.endswith("_compiled"):
         overrides = overrides + COMPILED
     overrides = overrides + list(extra)
@@ -183,7 +183,7 @@ def summarize(bench: str, out: Path, name: str = "ours") -> dict:
          "ours_steps": steps, "trl_steps": len(trl), "ours": med([r["time/step"] for r in ours[1:]]),
          "trl": med([r["seconds"] for r in trl[1:] if "seconds" in r])}
     if name in TWO_GPUS or name in ONE_STEP_OFF:
-        compiled = name.endswith("_compiled") or name in ("ours_overlap", "ours_fp8")  # the same trainer
+        compiled = name.endswith("_compiled") or name in AWAKE  # the one-GPU run with the same trainer
         one_gpu = summarize(bench, out, "ours_compiled" if compiled else "ours")["ours"]
         # samples per second against the one-GPU run's (the same thing as its s/step ratio at the same batch)
         s["speedup"] = BATCH_SCALE.get(name, 1) * one_gpu / s["ours"] if one_gpu and s["ours"] else None
@@ -238,7 +238,7 @@ def main() -> None:
         for bench in args.bench:
             path = model_path(bench, out)
             print(f"{bench}: {path}", flush=True)
-            for name in ("ours", "ours_compiled", "ours_overlap", "ours_fp8"):
+            for name in ("ours", "ours_compiled", *AWAKE):
                 if name in args.only:
                     run_ours(bench, path, out, args.steps, args.timeout, name, tuple(args.override))
             if "trl" in args.only:

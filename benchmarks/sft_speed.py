@@ -94,17 +94,17 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import random
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from run_env import run_env  # noqa: E402  (benchmarks/, this script's directory)
 
 # sizes: GPU (SmolLM2) and --tiny (CPU); any of them can be given on the command line
 DEFAULTS = {
@@ -205,10 +205,8 @@ def match_step_sizes(args, model_path: str, rows: list[dict]) -> str:
 
 # -- the runs -------------------------------------------------------------------------------------------------------
 def child_env(device: str) -> dict:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-           "RAY_TMPDIR": tempfile.mkdtemp(prefix="ray-sft-speed-"), "WANDB_MODE": "disabled"}
+    env = {**run_env("ray-sft-speed-"), "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
     env.setdefault("RAY_AUTH_MODE", "disabled")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     if device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env["CUDA_VISIBLE_DEVICES"] = ""

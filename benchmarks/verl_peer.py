@@ -68,7 +68,6 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -80,6 +79,7 @@ for _p in (str(ROOT), str(HERE)):  # this file is also loaded by verl (the rewar
         sys.path.insert(0, _p)
 
 from learn_real import SYSTEM  # noqa: E402  (benchmarks/, this script's directory)
+from run_env import run_env  # noqa: E402
 
 BENCHES = {  # grpo_step.py's two benchmarks; micro: TRL's --micro-batch there (samples per forward/backward)
     "smol": dict(prompts=32, max_new_tokens=192, kl=0.0, micro=256),
@@ -316,9 +316,8 @@ def run_verl(bench: str, setting: str, model: str, out: Path, steps: int, timeou
         write_dataset(eval_data, "eval/math.jsonl", limit=eval_prompts, split="test")
     steps_file = run_dir / "steps.jsonl"
     steps_file.unlink(missing_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": tempfile.mkdtemp(prefix="ray-verl-peer-"),
-           "VERL_FILE_LOGGER_PATH": str(steps_file), "WANDB_MODE": "disabled",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {**run_env("ray-verl-peer-"), "VERL_FILE_LOGGER_PATH": str(steps_file), "WANDB_MODE": "disabled"}
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])  # verl's reward and Ray's hook load this file
     visible = env.get("CUDA_VISIBLE_DEVICES")
     env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[0] if visible else "0"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--verl-child",

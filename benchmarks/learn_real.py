@@ -27,15 +27,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "benchmarks") not in sys.path:  # a test loads this file without its directory on the path
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from run_env import drop_ray_folder, run_env  # noqa: E402  (benchmarks/, this script's directory)
+
 SYSTEM = "Solve the problem. Put the final answer in \\boxed{}."  # conf/experiment/smol_math.yaml
 RUNS = {
     "ours_p1": ["rollout.top_p=1.0"],
@@ -191,10 +194,10 @@ def launch(args) -> None:
     def worker(slot: tuple[str, int], items: list[tuple[str, int | None]]) -> None:
         gpu = slot[0]
         for name, seed in items:
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "PYTHONUNBUFFERED": "1",
-                   "RAY_TMPDIR": tempfile.mkdtemp(prefix=f"ray-{name}-")}  # one local Ray cluster per run
+            env = {**run_env(f"ray-{name}-"), "CUDA_VISIBLE_DEVICES": gpu}  # one local Ray cluster per run
             t0 = time.perf_counter()
             rc = (run_trl if name.startswith("trl") else run_ours)(name, out, args.steps, extra, env, seed)
+            drop_ray_folder(env, rc)  # kept (and named) after a failure
             dirname = run_dir_name(name, seed)
             print(f"{dirname} on GPU {gpu}: {time.perf_counter() - t0:.0f} s", flush=True)
             if rc != 0:  # its steps so far still count in the report; say why it stopped, here, where it is seen

@@ -60,3 +60,34 @@ def test_runs_sharing_a_gpu_split_the_micro_batch_memory(tmp_path):
     assert launch(1, []) == [(2, []), (3, [])]
     assert launch(2, ["trainer.micro_batch_memory=0.5"])[0][1] == ["trainer.micro_batch_memory=0.375",
                                                                      "trainer.micro_batch_memory=0.5"]
+
+
+def test_launch_drops_a_clean_runs_ray_folder_and_keeps_a_failed_ones(tmp_path, monkeypatch, capsys):
+    """Each run gets its own Ray folder (benchmarks/run_env.py): removed after exit code 0, kept and named after a
+    failure, so many runs do not pile session folders up in /tmp."""
+    import argparse
+
+    mod = _module()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    folders = {}
+
+    def fake_run(name, out, steps, extra, env, seed=None):  # a run that used Ray: its folder is written to
+        folders[name] = Path(env["RAY_TMPDIR"])
+        (folders[name] / "session_latest").mkdir()
+        (out / f"{name}.log").write_text("the run's log\n")
+        assert env["CUDA_VISIBLE_DEVICES"] == "0"
+        return 0 if name == "ours_p1" else 1
+
+    monkeypatch.setattr(mod, "run_ours", fake_run)
+    args = argparse.Namespace(out=str(tmp_path / "out"), gpus=["0"], per_gpu=1, seeds=None, stagger=0.0,
+                              runs=["ours_p1", "ours_p095_ksm"], extra=[], steps=2)
+    mod.launch(args)
+    assert set(folders) == {"ours_p1", "ours_p095_ksm"}
+    assert not folders["ours_p1"].exists()
+    assert folders["ours_p095_ksm"].exists() and folders["ours_p095_ksm"].parent == tmp_path / "tmp"
+    printed = capsys.readouterr().out
+    assert f"Ray logs are kept in {folders['ours_p095_ksm']}" in printed and "ours_p095_ksm FAILED" in printed

@@ -1,6 +1,7 @@
 """benchmarks/learn_real.py's report: runs of several seeds are averaged, each seed's last-10 reward is listed."""
 
 import json
+import tempfile
 from pathlib import Path
 
 from script_module import load_script
@@ -65,13 +66,9 @@ def test_runs_sharing_a_gpu_split_the_micro_batch_memory(tmp_path):
 def test_launch_drops_a_clean_runs_ray_folder_and_keeps_a_failed_ones(tmp_path, monkeypatch, capsys):
     """Each run gets its own Ray folder (benchmarks/run_env.py): removed after exit code 0, kept and named after a
     failure, so many runs do not pile session folders up in /tmp."""
-    import argparse
-
     mod = _module()
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    import tempfile
-
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
     folders = {}
 
@@ -83,7 +80,7 @@ def test_launch_drops_a_clean_runs_ray_folder_and_keeps_a_failed_ones(tmp_path, 
         return 0 if name == "ours_p1" else 1
 
     monkeypatch.setattr(mod, "run_ours", fake_run)
-    args = argparse.Namespace(out=str(tmp_path / "out"), gpus=["0"], per_gpu=1, seeds=None, stagger=0.0,
+    args = mod.argparse.Namespace(out=str(tmp_path / "out"), gpus=["0"], per_gpu=1, seeds=None, stagger=0.0,
                               runs=["ours_p1", "ours_p095_ksm"], extra=[], steps=2)
     mod.launch(args)
     assert set(folders) == {"ours_p1", "ours_p095_ksm"}

@@ -79,7 +79,7 @@ for _p in (str(ROOT), str(HERE)):  # this file is also loaded by verl (the rewar
         sys.path.insert(0, _p)
 
 from learn_real import SYSTEM  # noqa: E402  (benchmarks/, this script's directory)
-from run_env import run_env  # noqa: E402
+from run_env import drop_ray_folder, run_env  # noqa: E402
 
 BENCHES = {  # grpo_step.py's two benchmarks; micro: TRL's --micro-batch there (samples per forward/backward)
     "smol": dict(prompts=32, max_new_tokens=192, kl=0.0, micro=256),
@@ -330,6 +330,7 @@ def run_verl(bench: str, setting: str, model: str, out: Path, steps: int, timeou
         except subprocess.TimeoutExpired:
             rc = "timeout"
     print(f"  {name}: {time.perf_counter() - t0:.0f} s wall, exit {rc} (log: {log_path})", flush=True)
+    drop_ray_folder(env, rc if isinstance(rc, int) else None)  # a timed-out run's Ray logs are kept too
     return steps_file
 
 

@@ -1,5 +1,5 @@
 """The environment of one benchmark run started as a command, and its cleanup (grpo_step.py, time_to_reward.py,
-learn_real.py and verl_peer.py; sft_speed.py takes the environment only).
+learn_real.py, verl_peer.py and sft_speed.py).
 
 Each run gets a Ray folder of its own (`RAY_TMPDIR`), so runs side by side on one machine (one per GPU) never share
 a Ray session, and the project root first on `PYTHONPATH`, so the run's Ray workers import the project whatever

@@ -104,7 +104,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from run_env import run_env  # noqa: E402  (benchmarks/, this script's directory)
+from run_env import drop_ray_folder, run_env  # noqa: E402  (benchmarks/, this script's directory)
 
 # sizes: GPU (SmolLM2) and --tiny (CPU); any of them can be given on the command line
 DEFAULTS = {
@@ -216,6 +216,8 @@ def child_env(device: str) -> dict:
 
 
 def run(cmd: list[str], log: Path, env: dict, timeout: float) -> tuple[int, float]:
+    """Run `cmd` with `env` (child_env's, one per run: its Ray folder is dropped after a clean exit, kept after a
+    failure or a timeout); its exit code and wall seconds."""
     t0 = time.perf_counter()
     with log.open("w") as f:
         try:
@@ -226,6 +228,7 @@ def run(cmd: list[str], log: Path, env: dict, timeout: float) -> tuple[int, floa
     if rc:
         tail = log.read_text(errors="replace").splitlines()[-30:]
         print(f"  {log.stem} FAILED (exit code {rc}); the last lines of {log}:\n    " + "\n    ".join(tail), flush=True)
+    drop_ray_folder(env, rc)
     return rc, wall
 
 
@@ -492,7 +495,6 @@ def main() -> None:
               f"{matched}\n"
               f"{args.steps} steps (first {args.warmup} not timed), "
               f"max length / micro-batch budget {args.max_length} tokens, lr {args.lr}", flush=True)
-        env = child_env(args.device)
         for name in ("ours", "trl"):
             if name not in args.only:
                 continue
@@ -503,7 +505,7 @@ def main() -> None:
                 shutil.rmtree(run_dir)
             cmd = (ours_command if name == "ours" else trl_command)(args, model_path, data, run_dir)
             print(f"{name}: running ({out / name}.log) ...", flush=True)
-            rc, walls[name] = run(cmd, out / f"{name}.log", env, args.timeout)
+            rc, walls[name] = run(cmd, out / f"{name}.log", child_env(args.device), args.timeout)
             print(f"{name}: {walls[name]:.0f} s wall (start-up, steps, shutdown), exit code {rc}", flush=True)
     results = [s for s in (summarize("ours", ours_rows(out / "ours"), args.warmup),
                            summarize("trl", read_jsonl(out / "trl" / "steps.jsonl"), args.warmup)) if s]

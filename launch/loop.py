@@ -49,19 +49,14 @@ def train(cfg: dict, launched: float | None = None) -> dict:
     timeline = StartupTimeline(launched or time.time())
     warn_uncached_bytecode()
     prewarm = start_prewarm(cfg, timeline)
+    run_dir, t = Path(cfg["run_dir"]).resolve(), cfg["trainer"]
+    lock = cluster = tracker = None
     try:
         model_path = prepare(cfg)
-    except BaseException:
         if prewarm is not None:
-            prewarm.stop()
-        raise
-    if prewarm is not None:
-        prewarm.send(model_path)
-    timeline.mark("model")  # found, converted or built
-    run_dir, t = Path(cfg["run_dir"]).resolve(), cfg["trainer"]
-    lock = RunDirLock(run_dir)  # before anything is written there
-    cluster = tracker = None
-    try:
+            prewarm.send(model_path)
+        timeline.mark("model")  # found, converted or built
+        lock = RunDirLock(run_dir)  # before anything is written there
         total, objective = int(t["total_steps"]), objective_of(cfg)
         source = make_source(cfg, objective.source, load_tokenizer(model_path))  # its data checked before any actor
         candidates = find_resume(t["resume"], run_dir)
@@ -115,7 +110,8 @@ def train(cfg: dict, launched: float | None = None) -> dict:
                 cluster.shutdown()
             if prewarm is not None:
                 prewarm.stop()
-            lock.release()
+            if lock is not None:
+                lock.release()
     return summary
 
 

@@ -88,3 +88,33 @@ def test_vllm_reads_what_the_prewarm_wrote(smollm2_path, tmp_path, monkeypatch):
              "assert info.is_text_generation_model and not info.supports_multimodal\n")
     proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_train_stops_the_prewarm_and_frees_the_run_dir_when_start_up_fails(tmp_path, monkeypatch):
+    """launch.loop.train: a failure before the model is found (prepare) and one after the run_dir is locked (the
+    trainer config) both end the prewarm process once and leave the run_dir free for the next run."""
+    import launch.loop as loop
+    from launch.run_dir import RunDirLock
+
+    calls = []
+
+    class Prewarm:  # what train() does with the prewarm is the point here, not the process (tests above)
+        def send(self, model_dir):
+            calls.append(("send", model_dir))
+
+        def stop(self):
+            calls.append("stop")
+
+    monkeypatch.setattr(loop, "start_prewarm", lambda cfg, timeline: Prewarm())
+    monkeypatch.setattr(loop, "prepare", lambda cfg: (_ for _ in ()).throw(ValueError("no such model")))
+    cfg = {"run_dir": str(tmp_path / "run"), "trainer": {}}
+    with pytest.raises(ValueError, match="no such model"):
+        loop.train(cfg)
+    assert calls == ["stop"] and not (tmp_path / "run").exists()  # nothing locked, nothing written
+
+    calls.clear()
+    monkeypatch.setattr(loop, "prepare", lambda cfg: str(tmp_path / "model"))
+    with pytest.raises(KeyError, match="total_steps"):
+        loop.train(cfg)
+    assert calls == [("send", str(tmp_path / "model")), "stop"]
+    RunDirLock(tmp_path / "run").release()  # the failed run released its lock

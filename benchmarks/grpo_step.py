@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from learn_real import ours_command  # noqa: E402  (benchmarks/, this script's directory)
-from run_env import drop_ray_folder, run_env  # noqa: E402
+from run_env import drop_ray_folder, read_jsonl, run_env  # noqa: E402
 
 # ours: overrides of +experiment=smol_math; trl: learn_real.py --trl-child arguments (the same work)
 # Steps 2+ are what is timed here, so vLLM compiles as it does by default: smol_math turns its compilation off for a
@@ -169,12 +169,8 @@ def run_trl(bench: str, path: str, out: Path, steps: int, timeout: float) -> Pat
     return out / name / "steps.jsonl"
 
 
-def rows(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-
-
 def summarize(bench: str, out: Path, name: str = "ours") -> dict:
-    ours, trl = rows(out / f"{bench}-{name}" / "metrics.jsonl"), rows(out / f"{bench}-trl" / "steps.jsonl")
+    ours, trl = read_jsonl(out / f"{bench}-{name}" / "metrics.jsonl"), read_jsonl(out / f"{bench}-trl" / "steps.jsonl")
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
     steps = len(ours)
     if name in ONE_STEP_OFF:  # its last step has no next rollout to wait for (a short step, not the steady state)

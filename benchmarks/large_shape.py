@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from launch.testbed import MOE_SMALL, QWEN3_4B, QWEN3_30B_A3B, build_model, parameter_count, with_layers  # noqa: E402
 from rl.models import cache_root  # noqa: E402
+from run_env import read_jsonl  # noqa: E402  (benchmarks/, this script's directory)
 
 SHAPES = {"moe30b": QWEN3_30B_A3B, "dense4b": QWEN3_4B}
 KEYS = ["time/step", "time/rollout", "time/generate", "time/ref", "time/train", "time/sync", "time/sync_send",
@@ -135,7 +136,7 @@ def main() -> None:
     wall = time.perf_counter() - t1
     peak.stop.set()
     metrics = run_dir / "metrics.jsonl"
-    rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    rows = read_jsonl(metrics)
     for r in rows:
         print(f"[large_shape] step {r['step']}: " + ", ".join(
             f"{k}={r[k]:.4g}" if isinstance(r.get(k), float) else f"{k}={r.get(k)}" for k in KEYS), flush=True)

@@ -14,7 +14,6 @@ plot (`--plot`) and, with `--readme`, the section between the markers in benchma
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learn_real import plot_curves, write_readme_section  # noqa: E402  (benchmarks/, this script's directory)
+from run_env import read_jsonl  # noqa: E402
 
 SUCCESS = "episode/agent/success"  # rl/metrics.py: episode/<domain>/success
 
@@ -37,7 +37,7 @@ def run(out: Path, name: str, steps: int, extra: list[str]) -> None:
 def load(out: Path) -> dict[str, list[dict]]:
     runs = {}
     for path in sorted(out.glob("*/metrics.jsonl")):
-        runs[path.parent.name] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        runs[path.parent.name] = read_jsonl(path)
     return runs
 
 

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "benchmarks") not in sys.path:  # a test loads this file without its directory on the path
     sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from run_env import drop_ray_folder, run_env  # noqa: E402  (benchmarks/, this script's directory)
+from run_env import drop_ray_folder, read_jsonl, run_env  # noqa: E402  (benchmarks/, this script's directory)
 
 SYSTEM = "Solve the problem. Put the final answer in \\boxed{}."  # conf/experiment/smol_math.yaml
 RUNS = {
@@ -218,12 +218,12 @@ def load_run(path: Path) -> list[dict] | None:
     """[{step, reward, seconds, ...}] from ours' metrics.jsonl or TRL's steps.jsonl in one run dir (None: neither)."""
     ours, trl = path / "metrics.jsonl", path / "steps.jsonl"
     if ours.exists():
-        rows = [json.loads(x) for x in ours.read_text().splitlines() if x.strip()]
+        rows = read_jsonl(ours)
         return [{"step": r["step"], "reward": r["reward/mean"], "seconds": r["time/step"],
                  "kept_set_cut_frac": r.get("rollout/kept_set_cut_frac"),
                  "mismatch": r.get("mismatch/logprob_abs")} for r in rows]
     if trl.exists():
-        return [json.loads(x) for x in trl.read_text().splitlines() if x.strip()]
+        return read_jsonl(trl)
     return None
 
 

@@ -104,7 +104,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from run_env import drop_ray_folder, run_env  # noqa: E402  (benchmarks/, this script's directory)
+from run_env import drop_ray_folder, read_jsonl, run_env  # noqa: E402  (benchmarks/, this script's directory)
 
 # sizes: GPU (SmolLM2) and --tiny (CPU); any of them can be given on the command line
 DEFAULTS = {
@@ -354,10 +354,6 @@ def trl_child(args) -> None:
 
 
 # -- the report -----------------------------------------------------------------------------------------------------
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-
-
 def summarize(name: str, rows: list[dict], warmup: int) -> dict | None:
     """rows: {step, seconds, loss_tokens, sequences, loss} per optimizer step."""
     if not rows:

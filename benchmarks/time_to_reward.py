@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from run_env import drop_ray_folder, run_env  # benchmarks/, this script's directory
+from run_env import drop_ray_folder, read_jsonl, run_env  # benchmarks/, this script's directory
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("ours", "ours_ds", "ours_overlap", "ours_bitwise", "trl", "verl", "verl_best")
@@ -71,23 +71,12 @@ def command(run: str, run_dir: Path, every: int, max_steps: int, extra: list[str
             "logger.progress_bar=false", *RUN_OVERRIDES.get(run, []), *extra]
 
 
-def _rows(path: Path) -> list[dict]:
-    """The complete JSON lines of a log being written (a partial last line is skipped)."""
-    rows = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
-
-
 def evaluations(run: str, run_dir: Path) -> list[tuple[int, float]]:
     """(step, held-out pass@1) of every evaluation the run has written so far."""
     path = run_dir / ("metrics.jsonl" if run.startswith("ours") else "steps.jsonl")
     key = "eval_reward" if run == "trl" else "eval/math/pass@1"
     out = []
-    for row in _rows(path):
+    for row in read_jsonl(path):
         if run in VERL_SETTING:  # verl's file logger: {"step", "data": {metric: value}}
             row = {"step": row.get("step"), **{key: v for k, v in (row.get("data") or {}).items()
                                                if VERL_PASS_AT_1.match(k)}}
@@ -100,9 +89,9 @@ def step_seconds(run: str, run_dir: Path) -> list[float]:
     """Each training step's own seconds, in step order, from the run's own log: ours' `time/step`, TRL's
     `seconds` (learn_real.py's step callback), verl's `timing_s/step` (its file logger)."""
     if run.startswith("ours"):
-        return [r["time/step"] for r in _rows(run_dir / "metrics.jsonl")
+        return [r["time/step"] for r in read_jsonl(run_dir / "metrics.jsonl")
                 if isinstance(r.get("time/step"), (int, float))]
-    rows = _rows(run_dir / "steps.jsonl")
+    rows = read_jsonl(run_dir / "steps.jsonl")
     if run in VERL_SETTING:
         rows = [{"step": r.get("step"), "seconds": (r.get("data") or {}).get("timing_s/step")} for r in rows]
     timed = {r["step"]: r["seconds"] for r in rows
@@ -115,7 +104,7 @@ def train_stats(run: str, run_dir: Path) -> dict:
     there), and for ours the largest and smallest train-inference logprob mismatch of any step."""
     seconds = step_seconds(run, run_dir)
     times = sorted(seconds[1:]) or seconds
-    mismatch = [r["mismatch/logprob_abs"] for r in _rows(run_dir / "metrics.jsonl")
+    mismatch = [r["mismatch/logprob_abs"] for r in read_jsonl(run_dir / "metrics.jsonl")
                 if isinstance(r.get("mismatch/logprob_abs"), (int, float))] if run.startswith("ours") else []
     return {"s_per_step": round(times[len(times) // 2], 3) if times else None,
             "first_step_s": round(seconds[0], 3) if seconds else None,

@@ -79,7 +79,7 @@ for _p in (str(ROOT), str(HERE)):  # this file is also loaded by verl (the rewar
         sys.path.insert(0, _p)
 
 from learn_real import SYSTEM  # noqa: E402  (benchmarks/, this script's directory)
-from run_env import drop_ray_folder, run_env  # noqa: E402
+from run_env import drop_ray_folder, read_jsonl, run_env  # noqa: E402
 
 BENCHES = {  # grpo_step.py's two benchmarks; micro: TRL's --micro-batch there (samples per forward/backward)
     "smol": dict(prompts=32, max_new_tokens=192, kl=0.0, micro=256),
@@ -354,12 +354,9 @@ def parse_console_line(line: str) -> tuple[int, dict[str, float]] | None:
 def read_steps(steps_file: Path, log: Path | None = None) -> dict[int, dict[str, float]]:
     """step -> metrics: from the file logger's JSON lines ({"step", "data"}), else from the console lines of `log`."""
     steps: dict[int, dict[str, float]] = {}
-    if steps_file.exists():
-        for line in steps_file.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                steps.setdefault(int(row["step"]), {}).update(
-                    {k: float(v) for k, v in row["data"].items() if isinstance(v, (int, float))})
+    for row in read_jsonl(steps_file):
+        steps.setdefault(int(row["step"]), {}).update(
+            {k: float(v) for k, v in row["data"].items() if isinstance(v, (int, float))})
     if not steps and log is not None and log.exists():
         for line in log.read_text(errors="replace").splitlines():
             parsed = parse_console_line(line)

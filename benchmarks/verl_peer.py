@@ -329,6 +329,9 @@ def run_verl(bench: str, setting: str, model: str, out: Path, steps: int, timeou
             rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
+        except KeyboardInterrupt:  # stopped on purpose: time_to_reward.py at its target, or by hand
+            drop_ray_folder(env, 0)
+            raise
     print(f"  {name}: {time.perf_counter() - t0:.0f} s wall, exit {rc} (log: {log_path})", flush=True)
     drop_ray_folder(env, rc if isinstance(rc, int) else None)  # a timed-out run's Ray logs are kept too
     return steps_file

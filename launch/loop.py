@@ -49,13 +49,13 @@ def train(cfg: dict, launched: float | None = None) -> dict:
     timeline = StartupTimeline(launched or time.time())
     warn_uncached_bytecode()
     prewarm = start_prewarm(cfg, timeline)
-    run_dir, t = Path(cfg["run_dir"]).resolve(), cfg["trainer"]
     lock = cluster = tracker = None
     try:
         model_path = prepare(cfg)
         if prewarm is not None:
             prewarm.send(model_path)
         timeline.mark("model")  # found, converted or built
+        run_dir, t = Path(cfg["run_dir"]).resolve(), cfg["trainer"]
         lock = RunDirLock(run_dir)  # before anything is written there
         total, objective = int(t["total_steps"]), objective_of(cfg)
         source = make_source(cfg, objective.source, load_tokenizer(model_path))  # its data checked before any actor

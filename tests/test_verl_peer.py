@@ -221,27 +221,30 @@ def test_a_named_run_is_one_benchmark_and_one_setting(tmp_path):
 
 
 def test_a_clean_runs_ray_folder_is_dropped_and_a_failed_ones_kept(tmp_path, monkeypatch, capsys):
-    """Each verl run has a Ray folder of its own (benchmarks/run_env.py): removed after exit code 0, kept and named
-    after a failure or a timeout (its Ray logs), so repeated runs do not pile session folders up in /tmp."""
+    """Each verl run has a Ray folder of its own (benchmarks/run_env.py): removed after exit code 0 and after a stop
+    on purpose (time_to_reward.py's Ctrl-C at its target), kept and named after a failure or a timeout (its Ray
+    logs), so repeated runs do not pile session folders up in /tmp."""
     import tempfile
 
     (tmp_path / "tmp").mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
-    outcome, folders = iter([0, 1, subprocess.TimeoutExpired("verl", 1)]), []
+    outcome, folders = iter([0, 1, subprocess.TimeoutExpired("verl", 1), KeyboardInterrupt()]), []
 
     def fake_run(cmd, env, **kwargs):  # a run that started Ray: its folder was written to
         folders.append(Path(env["RAY_TMPDIR"]))
         (folders[-1] / "session_latest").mkdir()
         result = next(outcome)
-        if isinstance(result, Exception):
+        if isinstance(result, BaseException):
             raise result
         return subprocess.CompletedProcess(cmd, result)
 
     monkeypatch.setattr(vp.subprocess, "run", fake_run)
     for name in ("clean", "failed", "timed_out"):
         vp.run_verl("smol", "best", "/m", tmp_path / "out", 2, 10.0, name=name)
-    assert not folders[0].exists()
+    with pytest.raises(KeyboardInterrupt):
+        vp.run_verl("smol", "best", "/m", tmp_path / "out", 2, 10.0, name="stopped")
+    assert not folders[0].exists() and not folders[3].exists()
     assert folders[1].exists() and folders[2].exists() and folders[1].parent == tmp_path / "tmp"
     printed = capsys.readouterr().out
     assert f"Ray logs are kept in {folders[1]}" in printed and f"Ray logs are kept in {folders[2]}" in printed

@@ -91,9 +91,11 @@ def test_vllm_reads_what_the_prewarm_wrote(smollm2_path, tmp_path, monkeypatch):
 
 
 def test_train_stops_the_prewarm_and_frees_the_run_dir_when_start_up_fails(tmp_path, monkeypatch):
-    """launch.loop.train: a failure before the model is found (prepare) and one after the run_dir is locked (the
-    trainer config) both end the prewarm process once and leave the run_dir free for the next run."""
+    """launch.loop.train: a failure before the model is found (prepare), a run_dir that another run holds, and a
+    failure after the run_dir is locked (the trainer config) each end the prewarm process once; the run_dir is left
+    free for the next run, and the other run's lock is left alone."""
     import launch.loop as loop
+    from rl.config import ConfigError
     from launch.run_dir import RunDirLock
 
     calls = []
@@ -114,6 +116,15 @@ def test_train_stops_the_prewarm_and_frees_the_run_dir_when_start_up_fails(tmp_p
 
     calls.clear()
     monkeypatch.setattr(loop, "prepare", lambda cfg: str(tmp_path / "model"))
+    other = RunDirLock(tmp_path / "run")  # another run holds the run_dir
+    with pytest.raises(ConfigError, match="in use by another run"):
+        loop.train(cfg)
+    assert calls == [("send", str(tmp_path / "model")), "stop"]
+    with pytest.raises(ConfigError):  # still held: the failed run did not take or drop the other's lock
+        RunDirLock(tmp_path / "run")
+    other.release()
+
+    calls.clear()
     with pytest.raises(KeyError, match="total_steps"):
         loop.train(cfg)
     assert calls == [("send", str(tmp_path / "model")), "stop"]

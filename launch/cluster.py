@@ -30,10 +30,13 @@ from launch.startup import StartupTimeline
 from rewards.judge import uses_rubric_judge
 from rewards.worker import RewardWorker
 from rl.batching import minibatch_norm, split_even
-from rl.config import engines_per_gpu, frozen_models_sharded, is_split_vllm_on_gpu_shares, needs_reference
+from rl.config import (
+    ROLLOUT_DEFAULTS, engines_per_gpu, frozen_models_sharded, is_split_vllm_on_gpu_shares, needs_reference,
+)
 from rl.engine_specs import engine_spec, placement_spec
 from rl.trajectory import Trajectory
 from rollout.judge_worker import JudgeWorker
+from rollout.payload_holder import PayloadHolder
 from rollout.worker import RolloutWorker
 from trainer.dist import node_address, open_store
 from trainer.frozen import FrozenModel
@@ -45,7 +48,7 @@ log = logging.getLogger(__name__)
 FORWARDED_ENV = ("HF_", "TRANSFORMERS_", "WANDB_", "MIXRL_", "TOKENIZERS_", "DS_")
 
 
-def start_ray(rcfg: dict, run_dir: Path, lcfg: dict) -> None:
+def start_ray(ray_cfg: dict, run_dir: Path, lcfg: dict) -> None:
     """Join `ray.address` or start a local cluster. Workers inherit the driver's offline/cache/W&B environment; with
     `logger.worker_logs=file` their output (logging, prints, library noise) goes to run_dir/train.log instead of
     breaking up the driver's progress bar."""
@@ -58,10 +61,10 @@ def start_ray(rcfg: dict, run_dir: Path, lcfg: dict) -> None:
     if to_file:
         env["MIXRL_WORKER_LOG"] = str(run_dir / "train.log")
         runtime_env["worker_process_setup_hook"] = "launch.worker_logs.to_run_log"
-    if rcfg.get("address"):
-        ray.init(address=rcfg["address"], log_to_driver=not to_file, runtime_env=runtime_env)
+    if ray_cfg.get("address"):
+        ray.init(address=ray_cfg["address"], log_to_driver=not to_file, runtime_env=runtime_env)
     else:
-        ray.init(num_cpus=rcfg.get("num_cpus"), num_gpus=rcfg.get("num_gpus"), include_dashboard=False,
+        ray.init(num_cpus=ray_cfg.get("num_cpus"), num_gpus=ray_cfg.get("num_gpus"), include_dashboard=False,
                  log_to_driver=not to_file, runtime_env=runtime_env)
 
 
@@ -74,19 +77,52 @@ def when_ready(ref: ray.ObjectRef, callback: Callable[[], None]) -> None:
         ref.future().add_done_callback(lambda _future: callback())
 
 
+class _Call:
+    """One call on one pool actor, for its deadline. An actor runs its calls one at a time, so a call starts once
+    its arguments are ready (`ready_at`: its submission; a call on the result of another call: when that is in) and
+    the call submitted before it on the same actor (`prev`) has ended. It is overdue `timeout_s` after it started;
+    queued behind a call still running, it is overdue `timeout_s` after that call is."""
+
+    def __init__(self, ref: ray.ObjectRef, ready_at: float | None, prev: "_Call | None"):
+        self.ready_at, self.prev, self.ended = ready_at, prev, None
+        when_ready(ref, self._end)  # the closure holds no reference to the result
+
+    def _end(self) -> None:  # on a Ray thread
+        self.ended = time.perf_counter()
+        self.prev = None  # keeps no chain of earlier calls alive
+
+    def arguments_ready(self) -> None:
+        """Its arguments are in (a call made on another call's result, whose deadline could not count before)."""
+        self.ready_at = time.perf_counter()
+
+    def deadline(self, timeout_s: float) -> float:
+        """perf_counter() past which it is overdue; inf while its arguments are not in."""
+        prev = self.prev  # read once: `_end` on another thread may drop it
+        if self.ready_at is None:
+            return float("inf")
+        if prev is None:
+            return self.ready_at + timeout_s
+        if prev.ended is not None:
+            return max(self.ready_at, prev.ended) + timeout_s
+        return max(self.ready_at, prev.deadline(timeout_s)) + timeout_s
+
+
 class PendingMap:
     """One `ActorPool.submit` in flight; `collect()` returns the results in item order."""
 
     def __init__(self, pool: "ActorPool", method: str, shares: list[list], args: tuple,
-                 started: tuple[list, list] | None = None):
-        """`started`: (actors, refs) of calls already made (one per pool slot, None where a slot got nothing)."""
+                 started: tuple[list, list, list] | None = None):
+        """`started`: (actors, refs, calls) of calls already made (one per pool slot, None where a slot got nothing;
+        `calls`: what `pool.track` returned for each, for its deadline)."""
         self.pool, self.method, self.shares, self.args = pool, method, shares, args
         self.retried: set[int] = set()  # shares whose first call failed (their results came from a retry)
         if started is not None:
-            self.actors, self.refs = started
+            self.actors, self.refs, self.calls = started
             return
         self.actors = list(pool.actors)  # the handles this call went to (another call may replace one meanwhile)
         self.refs = [getattr(a, method).remote(s, *args) if s else None for a, s in zip(self.actors, shares)]
+        now = time.perf_counter()
+        self.calls = [pool.track(a, ref, now) if ref is not None else None for a, ref in zip(self.actors, self.refs)]
 
     def collect(self) -> list:
         """Wait for every share; results in item order (see `as_completed`)."""
@@ -94,17 +130,25 @@ class PendingMap:
         return [x for i in sorted(done) for x in done[i]]
 
     def as_completed(self):
-        """Yield (worker index, its share's results) as shares finish. A worker that died, or one of the workers
-        still running when none has finished for the pool's timeout, is replaced and its share retried once (a
-        second failure ends the run with the reason)."""
+        """Yield (worker index, its share's results) as shares finish. A worker that died, or one whose share is
+        overdue (running for the pool's timeout since it started on that worker: `_Call`), is replaced and its share
+        retried once (a second failure ends the run with the reason). Only the overdue share's worker is replaced:
+        the others (a long tail of slow agent episodes, a share queued behind the worker's earlier call) go on."""
         pool = self.pool
         waiting = {ref: i for i, ref in enumerate(self.refs) if ref is not None}
         while waiting:
-            ready, _ = ray.wait(list(waiting), num_returns=1, timeout=pool.timeout_s)
-            if not ready:  # nothing finished within the timeout: the slowest is hung
-                ref = next(iter(waiting))
-                i = waiting.pop(ref)
-                yield i, self._retry(i, GetTimeoutError())
+            wait_s = None
+            if pool.timeout_s is not None:
+                first = min(self.calls[i].deadline(pool.timeout_s) for i in waiting.values())
+                # a deadline not known yet (a call's arguments not in): look again after a timeout's length
+                wait_s = max(0.0, min(first - time.perf_counter(), pool.timeout_s))
+            ready, _ = ray.wait(list(waiting), num_returns=1, timeout=wait_s)
+            if not ready:
+                now = time.perf_counter()
+                overdue = {ref: d for ref in waiting if (d := self.calls[waiting[ref]].deadline(pool.timeout_s)) <= now}
+                if overdue:  # the most overdue: replaced and retried; the others are looked at again
+                    i = waiting.pop(min(overdue, key=overdue.get))
+                    yield i, self._retry(i, GetTimeoutError())
                 continue
             i = waiting.pop(ready[0])
             try:
@@ -159,11 +203,19 @@ class RolloutInFlight:
         self.generate = rollout.submit("generate", requests, step, overrides, self.scorers)
         self.early = [self.scorers[i % len(self.scorers)].score.remote(ref) if ref is not None else None
                       for i, ref in enumerate(self.generate.refs)]
+        # each early call's deadline counts from when its share is generated (or from the end of the call before it
+        # on that reward worker): ActorPool.track, in the order the calls were made, which is the order they run in
+        self._early_calls = [rewards.track(self.scorers[i % len(self.scorers)], ref, None) if ref is not None else None
+                             for i, ref in enumerate(self.early)]
         # When each share is generated, also when nobody waits for it (max_staleness 1: the driver is training)
         self._ended: dict[int, float] = {}
         self._shares = {i: ref for i, ref in enumerate(self.generate.refs) if ref is not None}
         for i, ref in self._shares.items():
-            when_ready(ref, lambda i=i: self._ended.__setitem__(i, time.perf_counter()))
+            when_ready(ref, lambda i=i: self._generated(i))
+
+    def _generated(self, i: int) -> None:  # on a Ray thread
+        self._ended[i] = time.perf_counter()
+        self._early_calls[i].arguments_ready()
 
     def generated_at(self) -> float | None:
         """perf_counter() when the last share was generated; None while one still generates."""
@@ -199,9 +251,9 @@ class RolloutInFlight:
             if i in self.generate.retried:
                 by_share[i] = PendingMap(self.rewards, "score", shares, ())
                 continue
-            refs = [None] * n
-            refs[i % n] = self.early[i]
-            by_share[i] = PendingMap(self.rewards, "score", shares, (), started=(self.scorers, refs))
+            refs, calls = [None] * n, [None] * n
+            refs[i % n], calls[i % n] = self.early[i], self._early_calls[i]
+            by_share[i] = PendingMap(self.rewards, "score", shares, (), started=(self.scorers, refs, calls))
         if self.generate.retried:  # a retry's result came after its first call ended
             self._end = time.perf_counter()
         return Scoring(by_share)
@@ -220,6 +272,7 @@ class ActorPool:
         created at once, so a later wave's process start and imports overlap the earlier waves' engine starts, and
         this returns without waiting (`wait_ready`)."""
         self.name, self.factory, self.on_restart, self.timeout_s = name, factory, on_restart, timeout_s
+        self._last_call: dict = {}  # actor id -> the last call made on it (`track`)
         self.actors: list = [None] * size
         try:
             after: list = []
@@ -238,7 +291,15 @@ class ActorPool:
     def wait_ready(self) -> None:
         ray.get([a.ready.remote() for a in self.actors])
 
+    def track(self, actor, ref: ray.ObjectRef, ready_at: float | None) -> _Call:
+        """Note a call on `actor` (one of this pool's), for its deadline (`PendingMap.as_completed`): it starts once
+        `ready_at` is past and the call made on `actor` before it has ended."""
+        key = actor._actor_id
+        call = self._last_call[key] = _Call(ref, ready_at, self._last_call.get(key))
+        return call
+
     def replace(self, i: int) -> None:
+        self._last_call.pop(self.actors[i]._actor_id, None)
         ray.kill(self.actors[i])  # a hung actor would otherwise keep its CPUs/GPU
         self.actors[i] = self.factory(i, None)  # None: a restart, which waits for nothing (and records no start plan)
         ray.get(self.actors[i].ready.remote())
@@ -251,6 +312,35 @@ class ActorPool:
 
     def map(self, method: str, items: list, *args) -> list:
         return self.submit(method, items, *args).collect()
+
+
+class PayloadHolders:
+    """One `rollout.payload_holder.PayloadHolder` per node that runs rollout workers, started here in the driver: they own
+    the samples' per-token arrays (rollout.payload_by_reference), so the arrays outlive the worker that made them.
+    The pool replaces a hung or dead worker and retries its share (`PendingMap`); what that worker made before
+    (dynamic sampling's earlier rounds, under max_staleness=1 the step that trains next) is still fetched by the
+    trainer (trainer/payload.py). An actor lives as long as its creator, so the driver creates them, not the workers;
+    they end with the run (`shutdown`), and a node's holder dies only with its node."""
+
+    def __init__(self):
+        self.by_node: dict[str, ray.actor.ActorHandle] = {}
+        self._cls = ray.remote(num_cpus=0, max_concurrency=8)(PayloadHolder)
+
+    def attach(self, workers: list) -> None:
+        """Hand each of `workers` (RolloutWorker handles, started) its node's holder, starting the holders missing."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = ray.get([w.node_id.remote() for w in workers])
+        for node in dict.fromkeys(nodes):
+            if node not in self.by_node:
+                self.by_node[node] = self._cls.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+        ray.get([w.set_payload_holder.remote(self.by_node[n]) for w, n in zip(workers, nodes)])
+
+    def shutdown(self) -> None:
+        for holder in self.by_node.values():
+            ray.kill(holder)
+        self.by_node.clear()
 
 
 @ray.remote(num_cpus=0)
@@ -287,6 +377,9 @@ class Cluster:
         self._last_rollout: RolloutInFlight | None = None  # where the next rollout's generation starts
         self._start_refs: list = []  # the ready calls actors wait for as they start (`_start`)
         self._placement = GpuPlacement(cfg)  # colocated: rank i and its workers share GPU i; split: k workers a GPU
+        # owners of the samples' per-token arrays, one per node of rollout workers (rollout.payload_by_reference)
+        by_reference = (cfg.get("rollout") or {}).get("payload_by_reference", ROLLOUT_DEFAULTS["payload_by_reference"])
+        self._holders = PayloadHolders() if by_reference else None
         self.rollout = self.rewards = self.judge = self.reference = None
         self.trainers: list = []
         self.teachers: dict = {}  # teacher model path -> its FrozenModel actor (trainer.ref_placement=actor)
@@ -324,7 +417,7 @@ class Cluster:
                                                             plans_before)),
             int(r["num_workers"]),
             on_restart=self._reload_worker,
-            timeout_s=r.get("timeout_s"),
+            timeout_s=r.get("timeout_s", ROLLOUT_DEFAULTS["timeout_s"]),
             start_waves=engines_per_gpu(cfg),
         )
         gpu_after = [a.ready.remote() for a in self.rollout.actors] if placement_spec(r).gpu_memory else []
@@ -354,6 +447,8 @@ class Cluster:
         if not trainers_first:
             self._start_trainers(cfg, model_path, gpu_after)
         self.rollout.wait_ready()
+        if self._holders is not None:
+            self._holders.attach(self.rollout.actors)
         self.rewards.wait_ready()
         if self.judge is not None:
             ray.get(self.judge.ready.remote())
@@ -501,8 +596,11 @@ class Cluster:
         if self._weight_sync is not None:
             done = self._weight_sync.sync()
             return {k: done[k] for k in ("wake", "send", "send_rank", "finish")}
+        from launch.weight_sync import sync_timeout_s, wait_all
+
         self._latest_weights = self._full_weights()
-        ray.get([w.load_state_dict.remote(self._latest_weights) for w in self.rollout.actors])
+        wait_all([(f"rollout worker {i}", "load_state_dict", w.load_state_dict.remote(self._latest_weights))
+                  for i, w in enumerate(self.rollout.actors)], sync_timeout_s(self.cfg["rollout"]))
         return {}
 
     def _full_weights(self) -> ray.ObjectRef:
@@ -512,7 +610,10 @@ class Cluster:
         return refs[0]
 
     def _reload_worker(self, actor) -> None:
-        """A restarted rollout worker gets the current weights (vLLM: once through the CPU path, then back on IPC)."""
+        """A restarted rollout worker gets its node's payload holder and the current weights (vLLM: once through the
+        CPU path, then back on IPC)."""
+        if self._holders is not None:
+            self._holders.attach([actor])
         if self._weight_sync is not None:
             ray.get(actor.load_state_dict.remote(self._full_weights()))
             self._weight_sync.reattach(actor)
@@ -531,4 +632,6 @@ class Cluster:
         for a in [*pooled, *self.trainers, self.reference, *self.teachers.values(), self.judge, self._store]:
             if a is not None:
                 ray.kill(a)
+        if self._holders is not None:  # after the workers: nothing puts arrays any more
+            self._holders.shutdown()
         self._placement.remove()

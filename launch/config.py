@@ -21,8 +21,8 @@ from launch.placement import check_gpu_layout
 from launch.tracking import wandb_mode
 from rewards.compose import check_reward_specs, reward_section_keys
 from rl.bitwise import unsupported_reason
-from rl.config import (ConfigError, bitwise_on_policy, check_choice, check_number, is_colocated_vllm, resolve_auto,
-                       teacher_paths, to_plain, validate)
+from rl.config import (ROLLOUT_DEFAULTS, ConfigError, bitwise_on_policy, check_choice, check_number, is_colocated_vllm,
+                       resolve_auto, teacher_paths, to_plain, trains_on_dataset, validate)
 from rl.models import resolve_model_path
 from trainer.objectives import OBJECTIVES, objective_of
 
@@ -89,7 +89,8 @@ def check_config(cfg: dict) -> None:
         # more queues further rollouts behind it and only makes their weights older.
         raise ConfigError(f"rollout.max_staleness={staleness}: use 0 (synchronous) or 1 (the next step's rollout runs "
                           "while this step trains); larger values add no overlap, only staleness")
-    if staleness and is_colocated_vllm(cfg) and cfg["rollout"].get("enable_sleep_mode"):
+    if staleness and is_colocated_vllm(cfg) and cfg["rollout"].get("enable_sleep_mode",
+                                                                    ROLLOUT_DEFAULTS["enable_sleep_mode"]):
         # Without sleep mode the instances keep their memory and generate while the trainer trains on the same GPU
         # (worth it where neither fills the GPU: a small model's decode loop and train phase are both CPU-bound).
         raise ConfigError("rollout.max_staleness > 0 overlaps rollout with training, which colocated vLLM cannot do "
@@ -137,6 +138,8 @@ def check_agent_domains(cfg: dict) -> None:
             env = load_env(agent.env)
         except Exception as e:  # noqa: BLE001 - a wrong key, or an environment that does not load
             raise ConfigError(f"{where}: {e}") from None
+        if agent.demo:
+            check_demonstrations(env, where)
         ds = dict(block.get("dataset") or {})
         if not ds.get("path"):  # the environment's own tasks
             ds["path"], ds["columns"] = str(env.tasks_path), None
@@ -144,6 +147,42 @@ def check_agent_domains(cfg: dict) -> None:
         # for the output of launch.filter_tasks
         ds["columns"] = ds.get("columns") or {"prompt": "prompt", "id": "id"}
         block["dataset"] = ds
+
+
+def check_demonstrations(env, where: str, workers: int = 8) -> None:
+    """agent.demo shows each task after another task of the environment solved by its reference solution (built on
+    the rollout workers): every task can be the one shown, so every reference solution must run, checked here before
+    any actor starts (several at a time, as launch.check_env does: code_repo's 42 sandboxed ones take about 2 s on
+    2 cores). The first one, in task order, that does not run stops the run with the domain, environment, task and
+    reason."""
+    import concurrent.futures as cf
+
+    try:
+        tasks = env.tasks()
+    except Exception as e:  # noqa: BLE001 - a malformed tasks.jsonl
+        raise ConfigError(f"{where}: environment {env.name}: {e}") from None
+    if len(tasks) < 2:
+        raise ConfigError(f"{where}.demo: environment {env.name} has {len(tasks)} task(s); a demonstration is another "
+                          f"task solved, so it needs at least 2 (or set {where}.demo=false)")
+
+    def problem(task: dict) -> str | None:
+        try:
+            calls = env.reference_solution(task)
+        except ValueError as e:  # ReferenceSolutionError: one line naming the environment, task and call
+            return (f"{where}.demo: {e}; fix solve in {env.env_dir / 'env.py'} (python -m launch.check_env "
+                    f"{env.env_dir} checks every task) or set {where}.demo=false")
+        if calls is None:
+            return (f"{where}.demo: environment {env.name} has no reference solution (solve in "
+                    f"{env.env_dir / 'env.py'}) to show; set {where}.demo=false")
+        return None
+
+    pool = cf.ThreadPoolExecutor(max(1, min(workers, os.cpu_count() or 1)), thread_name_prefix="check-demo")
+    try:
+        for found in pool.map(problem, tasks):  # in task order
+            if found:
+                raise ConfigError(found)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # a failure leaves the tasks not yet started unrun
 
 
 def known_keys() -> dict:
@@ -262,12 +301,54 @@ def check_logit_processing(model_path: str) -> None:
                           "supported: the trainer's logprobs would differ from the engine's")
 
 
+def context_positions(config) -> tuple[int, str] | None:
+    """The positions the model was made for, and where that number comes from: max_position_embeddings, times a
+    RoPE scaling factor that extends it (yarn, linear, dynamic); None where the config does not say."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    positions = getattr(text, "max_position_embeddings", None)
+    if isinstance(positions, bool) or not isinstance(positions, int) or positions <= 0:
+        return None
+    label = f"max_position_embeddings={positions}"
+    scaling = getattr(text, "rope_scaling", None)
+    if isinstance(scaling, dict):
+        factor, kind = scaling.get("factor"), scaling.get("rope_type", scaling.get("type"))
+        # llama3 and longrope already count the extended context in max_position_embeddings
+        if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1 and \
+                kind not in ("llama3", "longrope", "su"):
+            positions = int(positions * factor)
+            label += f" x rope_scaling.factor={factor:g} = {positions}"
+    return positions, label
+
+
+def check_generation_budget(cfg: dict, model_path: str) -> None:
+    """rollout.max_new_tokens must fit the model's context after the longest prompt allowed (data.max_prompt_tokens):
+    past it, every step generates up to that budget (minutes per step on the transformers engine) into positions the
+    model has never seen. A run that samples nothing (SFT) is not checked."""
+    if trains_on_dataset(cfg):
+        return
+    from transformers import AutoConfig
+
+    context = context_positions(AutoConfig.from_pretrained(model_path))
+    if context is None:
+        return
+    positions, label = context
+    new = cfg["rollout"]["max_new_tokens"]
+    prompt = (cfg.get("data") or {}).get("max_prompt_tokens") or 0
+    room = max(positions - int(prompt), 0)
+    if new > room:
+        minus = f" minus data.max_prompt_tokens={prompt}" if prompt else ""
+        raise ConfigError(f"rollout.max_new_tokens={new} is past the model's context: {label} (model.path="
+                          f"{cfg['model']['path']}){minus} leaves {room} tokens to generate; lower "
+                          f"rollout.max_new_tokens to {room} or less{' (or data.max_prompt_tokens)' if prompt else ''}")
+
+
 def prepare(cfg: dict) -> str:
     """Check the config, build or find the model, and fill the `auto` switches; returns the model's path."""
     check_config(cfg)
     check_model_path(str(cfg["model"]["path"]))
     model_path = resolve_model_path(cfg["model"]["path"])
     check_logit_processing(model_path)
+    check_generation_budget(cfg, model_path)
     if bitwise_on_policy(cfg):  # before any actor starts: the layers the bitwise forward cannot reproduce, by name
         from transformers import AutoConfig
 

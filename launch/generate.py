@@ -65,7 +65,7 @@ def check_generate(cfg: dict) -> dict:
     check_number(g, "k", "generate", lo=1, integer=True)
     if g.get("keep") not in KEEP:
         raise ConfigError(f"generate.keep must be one of {list(KEEP)}, got {g.get('keep')!r}")
-    check_number(g, "pass_threshold", "generate")
+    check_number(g, "pass_threshold", "generate", allow_inf=True)  # -inf: every sample passes
     check_number(g, "max_prompts", "generate", lo=1, integer=True, optional=True)
     check_number(g, "batch_prompts", "generate", lo=1, integer=True)
     domains = cfg.get("domains") or {}

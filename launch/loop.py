@@ -17,7 +17,7 @@ import logging
 import time
 from pathlib import Path
 
-from launch.checkpoint import RunError, find_resume, load_checkpoint_state, save_checkpoint
+from launch.checkpoint import RunError, find_resume, load_checkpoint_state, save_checkpoint, set_aside_newer
 from launch.cluster import Cluster, start_ray
 from launch.config import prepare
 from launch.run_dir import RunDirLock, write_config
@@ -68,7 +68,8 @@ def train(cfg: dict, launched: float | None = None) -> dict:
         # actors write there (trainer.profile_step); eval.only of model.path (no checkpoint to resume) needs no trainer
         trainers = not (only and not candidates)
         cluster = Cluster({**cfg, "run_dir": str(run_dir)}, model_path, timeline, trainers=trainers)
-        start = resume(cluster, source, candidates)
+        # eval.only writes no checkpoint, so it leaves the run's checkpoints where they are
+        start = resume(cluster, source, candidates, run_dir=None if only else run_dir)
         if only:  # verl's val_only: evaluate the weights the run starts from (a row of step `start`), train nothing
             total = start
         tracker = Tracker(cfg, run_dir, total, start, resume=bool(candidates), launched=timeline.launched,
@@ -76,7 +77,8 @@ def train(cfg: dict, launched: float | None = None) -> dict:
         source.start(cluster, tracker, total)
         if only:
             source.evaluate_now(start)
-        peak = resolve_peak_tflops(t.get("peak_tflops"), cluster.trainer_device_name()) if cluster.trainers else None
+        peak = (resolve_peak_tflops(t.get("peak_tflops", "auto"), cluster.trainer_device_name()) if cluster.trainers
+                else None)  # absent: auto, as conf/trainer/deepspeed.yaml
         perf = PerfMeter(load_body_flops(model_path), peak, int(t["num_processes"]),
                          recompute_old=cfg["algorithm"].get("old_logprobs") == "trainer")
         split = lambda trajs, s: minibatches(trajs, int(t["mini_batches"]), cfg["seed"], s)  # noqa: E731
@@ -133,21 +135,34 @@ def checkpoint_due(step: int, total: int, tcfg: dict) -> bool:
     return bool(every and step % every == 0) or (step == total and bool(tcfg.get("save_last", True)))
 
 
-def resume(cluster: Cluster, source, candidates: list[Path]) -> int:
-    """Load the first candidate checkpoint that loads (a damaged one gives way to the next, with a warning);
-    returns its step (0: a fresh run)."""
+def resume(cluster: Cluster, source, candidates: list[Path], run_dir: Path | None = None) -> int:
+    """Load the first candidate checkpoint that loads, weights and data position (a damaged one gives way to the
+    next, with a warning); returns its step (0: a fresh run). `run_dir`: the run's own folder; once a checkpoint is
+    loaded, every newer one there (skipped as damaged, failed to load, or passed over by an explicit
+    trainer.resume) is moved aside (launch/checkpoint.py `set_aside_newer`), so the checkpoints this run writes are
+    never pruned in favour of one it did not continue, and a later resume=auto continues this run."""
+    fresh = source.state_dict() if candidates else None  # what a half-loaded data position is reset to
+    failed: dict[Path, str] = {}
     for ckpt in candidates:
+        touched = False
         try:
             state = load_checkpoint_state(ckpt)
+            step = int(state["step"])
             cluster.load(str(ckpt))
+            touched = True
+            source.load_state_dict(state["data"])
         except Exception as e:  # noqa: BLE001 - a rank's load error arrives wrapped by Ray
             last = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-            log.warning("checkpoint %s does not load (%s); trying an older one", ckpt, last[-1][:200] if last else e)
+            failed[ckpt] = last[-1][:200] if last else type(e).__name__
+            log.warning("checkpoint %s does not load (%s); trying an older one", ckpt, failed[ckpt])
+            if touched:
+                source.load_state_dict(fresh)
             continue
-        source.load_state_dict(state["data"])
         cluster.sync_weights()  # to the rollout workers (none for a dataset source)
-        log.info("resumed from %s at step %d", ckpt, int(state["step"]) + 1)
-        return int(state["step"])
+        if run_dir is not None:
+            set_aside_newer(run_dir, ckpt, step, failed)
+        log.info("resumed from %s at step %d", ckpt, step + 1)
+        return step
     if candidates:
         raise RunError(f"no checkpoint of {candidates[0].parent} loads (see the warnings above); start a new run_dir "
                        "or repair the newest checkpoint")

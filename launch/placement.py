@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 from rewards.judge import judge_config, judge_tensor_parallel_size, uses_rubric_judge
 from rl.config import (
-    ConfigError, check_choice, engines_per_gpu, frozen_models_sharded, is_colocated_vllm, is_split_vllm_on_gpu_shares,
+    ROLLOUT_DEFAULTS, ConfigError, check_choice, engines_per_gpu, frozen_models_sharded, is_colocated_vllm, is_split_vllm_on_gpu_shares,
     needs_reference, rollout_placement, teacher_paths,
 )
 
@@ -59,12 +59,13 @@ def check_gpu_layout(cfg: Mapping) -> None:
             "tensor-parallel instance whole GPUs (rollout.num_gpus=1)"
         )
     k = engines_per_gpu(cfg)
-    if k > 1 and k * float(r.get("gpu_memory_utilization") or 0) >= 1:
+    share = r.get("gpu_memory_utilization", ROLLOUT_DEFAULTS["gpu_memory_utilization"])
+    if k > 1 and k * float(share or 0) >= 1:
         where, short = (("rollout.num_workers / trainer.num_processes", "leaves nothing for the trainer")
                         if is_colocated_vllm(cfg) else ("1 / rollout.num_gpus, split placement", "is all of the GPU"))
         raise ConfigError(
             f"rollout.gpu_memory_utilization is per vLLM instance, and {k} instances share each GPU ({where}): "
-            f"{k} x {r['gpu_memory_utilization']} {short}; lower it (e.g. the one-instance value / k)"
+            f"{k} x {share} {short}; lower it (e.g. the one-instance value / k)"
         )
     if frozen_models_sharded(cfg):  # the reference and teachers live in the trainer ranks: no GPU share of their own
         return

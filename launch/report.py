@@ -14,8 +14,10 @@ import datetime
 import html
 import json
 import math
+import os
 import re
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,9 +81,13 @@ class Run:
 
 
 def number(v) -> float | None:
-    """A finite number, else None (bools and strings are not metrics)."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
+    """A finite number, else None (bools and strings are not metrics; nor is an int past float range)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        try:
+            f = float(v)
+        except OverflowError:  # e.g. 10**400 in a metrics line
+            return None
+        return f if math.isfinite(f) else None
     return None
 
 
@@ -154,22 +160,37 @@ def thin(seg: list[tuple[float, float]], budget: int) -> list[tuple[float, float
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> list[float]:
-    """Round tick values (1, 2, 2.5 or 5 times a power of ten) covering [lo, hi]."""
-    if hi <= lo:
-        pad = abs(lo) * 0.1 or 1.0
-        lo, hi = lo - pad, hi + pad
-    raw = (hi - lo) / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    """Round tick values (1, 2, 2.5 or 5 times a power of ten) covering [lo, hi]. Any finite lo, hi: a range too
+    narrow for its magnitude (or subnormal) is drawn as flat, and where round ticks would pass the float range
+    (a range near +-1.8e308) the ticks split [lo, hi] evenly instead."""
+    lo, hi = float(lo), float(hi)
+    big = max(abs(lo), abs(hi))
+    if hi - lo <= 16 * math.ulp(big) or hi - lo < 1e-300:  # flat (or only float noise / subnormals apart)
+        pad = big * 0.1 if big > 1e-299 else 1.0
+        lo, hi = max(lo - pad, -sys.float_info.max), min(hi + pad, sys.float_info.max)
+    raw = (hi - lo) / n if math.isfinite(hi - lo) else hi / n - lo / n  # the latter: no overflow
+    mag = 10.0 ** math.floor(math.log10(raw))
+    step = next((m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw), 10 * mag)
     if integer:
-        step = max(1.0, round(step))
+        step = float(max(1.0, round(step)))
     start = math.floor(lo / step + 1e-9) * step
-    ticks = []
-    t = start
-    while t < hi + step * 0.999 and len(ticks) < 50:
-        ticks.append(round(t, 12))
-        t = start + len(ticks) * step
+    digits = max(12, 2 - math.floor(math.log10(step)))  # rounding off float noise; tiny steps keep their digits
+    ticks: list[float] = []
+    while len(ticks) < 50:
+        if len(ticks) >= 2 and ticks[-1] >= hi - step * 0.001:
+            break
+        ticks.append(round(start + len(ticks) * step, digits))
+    if (not all(map(math.isfinite, ticks)) or ticks[0] > lo + step * 1e-6 or ticks[-1] < hi - step * 0.0011
+            or any(b <= a for a, b in zip(ticks, ticks[1:]))):  # past the float range: not round, but drawable
+        ticks = sorted({lo / n * (n - i) + hi / n * i for i in range(1, n)} | {lo, hi})
     return ticks
+
+
+def span_frac(v: float, a: float, b: float) -> float:
+    """Where v lies between a and b (0..1), also where b - a overflows."""
+    if math.isinf(b - a):
+        return (v / 2 - a / 2) / (b / 2 - a / 2)
+    return (v - a) / (b - a)
 
 
 def fmt(v: float) -> str:
@@ -181,8 +202,10 @@ def tick_label(v: float, step: float) -> str:
     """A tick label with just the digits that tell ticks `step` apart."""
     if v == 0:
         return "0"
+    if not (step > 0 and math.isfinite(step)):
+        return fmt(v)
     e = math.floor(math.log10(step) + 1e-9)
-    extra = 1 if round(step / 10 ** e, 6) == 2.5 else 0
+    extra = 1 if 10.0 ** e > 0 and round(step / 10.0 ** e, 6) == 2.5 else 0
     if abs(v) >= 1e5 or step < 1e-3:
         return f"{v:.{max(0, math.floor(math.log10(abs(v)) + 1e-9) - e + extra)}e}"
     return f"{v:.{max(0, extra - e)}f}"
@@ -201,10 +224,10 @@ def svg_chart(lines: list[dict], title: str, xrange: tuple[float, float] | None 
     pw, ph = W - ML - MR, H - MT - MB
 
     def px(x):
-        return ML + (x - x0) / (x1 - x0) * pw
+        return ML + span_frac(x, x0, x1) * pw
 
     def py(y):
-        return MT + ph - (y - y0) / (y1 - y0) * ph
+        return MT + ph - span_frac(y, y0, y1) * ph
 
     out = [f'<svg class="chart" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" '
            f'aria-label="{html.escape(title)}" xmlns="http://www.w3.org/2000/svg">',
@@ -372,9 +395,22 @@ def write_report(run_dirs: list[Path | str], out: Path | str | None = None) -> P
     runs = [load_run(d, n if names.count(n) == 1 else f"{d.resolve().parent.name}/{n}") for d, n in zip(dirs, names)]
     path = Path(out) if out else dirs[0] / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render(runs), encoding="utf-8")
-    tmp.replace(path)
+    page = render(runs).encode("utf-8")
+    # a fresh temporary file of an unpredictable name (O_CREAT|O_EXCL: never a planted file or symlink), renamed
+    # over the page at once: a reader sees the old page or the new one, and a link at the path is replaced, not
+    # followed
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)  # mkstemp makes it 0600; a page is for reading
+            f.write(page)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return path
 
 

@@ -17,8 +17,24 @@ import yaml
 from rl.config import ConfigError
 
 
+def run_dir_problem(run_dir: Path) -> str | None:
+    """Why `run_dir` cannot be a run's directory (it, or a folder above it, exists and is not a directory), or None."""
+    for p in (run_dir, *run_dir.parents):
+        try:
+            if p.is_dir():
+                return None
+            if p.exists():
+                return f"{p} is a file, not a directory; choose another run_dir"
+        except OSError as e:  # e.g. no permission to look: the run's own mkdir says so
+            return f"{p} cannot be used ({e.strerror or e})"
+    return None
+
+
 class RunDirLock:
     def __init__(self, run_dir: Path):
+        problem = run_dir_problem(Path(run_dir))
+        if problem:
+            raise ConfigError(f"run_dir={run_dir}: {problem}")
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / ".lock"
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)

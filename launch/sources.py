@@ -4,7 +4,9 @@ trainer/objectives.py).
 - `RolloutSource` (GRPO): prompts (domain mixture) -> rollout (G samples each) -> rewards -> GRPO advantages ->
   [reference logprobs]; after the update, the weight sync to the rollout workers and the held-out eval.
   `rollout.max_staleness` = 1 lets the next step's rollout run while this step trains. Its samples then come from
-  weights one update old; pi_old is still the engine's, and OPSM covers the drift. The weight sync waits for that
+  weights one update old; OPSM covers the drift, as its statistic reads the engine's logprobs (also with
+  algorithm.old_logprobs=trainer, where the ratio's pi_old is the trainer's recomputation and the truncated importance
+  weight against the engine's carries the rest, trainer/objectives.py). The weight sync waits for that
   rollout to end (`time/rollout_wait`: how long the trainer waited for the rollout GPUs).
   `data.dynamic_sampling` (DAPO; rl/dynamic_sampling.py): groups without reward variance are dropped and backfill
   rounds of new prompts run, synchronously in `take`, until the step holds `data.prompts_per_step` groups with
@@ -144,7 +146,8 @@ class RolloutSource:
             self._fill(step + 1, staleness - 1, step - 1)
         assign_advantages(self.trajs, self.cfg["algorithm"]["normalize_adv_std"])
         # one trajectory per episode for rewards, advantages and metrics; a managed agent episode trains as its
-        # context segments, each with the episode's advantage (rl.advantages.expand_segments)
+        # context segments, each with the episode's advantage and its share of the episode's weight
+        # (rl.advantages.expand_segments: the episode weighs one sequence)
         self.train = expand_segments(self.trajs)
         attach_domain_coefficients(self.train, self.cfg["domains"])
         need_ref = [tr for tr in self.train if tr.kl_coef > 0]

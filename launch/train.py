@@ -74,9 +74,10 @@ def remove_refused_run_dir(run_dir: Path) -> None:
 
 
 def override_error(overrides: list[str]) -> str | None:
-    """One line saying what is wrong with command-line overrides that Hydra cannot apply, else None. Hydra's own
-    report of a misspelled key is six lines and exit code 1; the config checks promise one line and exit code 2.
-    Composing once more costs about 0.2 s; interpolations are not resolved here (`${hydra:...}` needs the run)."""
+    """One line saying what is wrong with command-line overrides that Hydra cannot apply (or with the run_dir they
+    give, which Hydra makes first: `run_dir_error`), else None. Hydra's own report of a misspelled key is six lines
+    and exit code 1; the config checks promise one line and exit code 2. Composing once more costs about 0.2 s;
+    interpolations are not resolved here (`${hydra:...}` needs the run)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -85,10 +86,23 @@ def override_error(overrides: list[str]) -> str | None:
 
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            compose(config_name="train", overrides=list(overrides))
+            cfg = compose(config_name="train", overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as exc:
         return hydra_error_line(exc)
-    return None
+    return run_dir_error(cfg)
+
+
+def run_dir_error(cfg: DictConfig) -> str | None:
+    """One line when the composed run_dir cannot be a directory (a file, or under one): Hydra would make it before
+    the run starts and fail with a traceback. None when it can, or when it resolves only inside the run."""
+    from launch.run_dir import run_dir_problem
+
+    try:
+        run_dir = str(cfg.run_dir)
+    except Exception:  # noqa: BLE001 - an interpolation only Hydra's run resolves: the run checks it itself
+        return None
+    problem = run_dir_problem(Path(run_dir).expanduser())
+    return f"run_dir={run_dir}: {problem}" if problem else None
 
 
 def take_launched() -> float | None:

@@ -20,9 +20,15 @@ def to_run_log() -> None:
     os.close(fd)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"%(asctime)s [worker pid {os.getpid()}] %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
-    root.addHandler(handler)
+    root.addHandler(run_log_handler(sys.stderr))
     if root.level == logging.NOTSET or root.level > logging.INFO:
         root.setLevel(logging.INFO)
+
+
+def run_log_handler(stream) -> logging.Handler:
+    """The handler of a worker's lines in the run's log: one record, one line where its message is one line (what
+    came from a sample is escaped at the call, `rewards.text.log_safe`)."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [worker pid {os.getpid()}] %(levelname)s %(name)s: %(message)s"))
+    return handler

@@ -3,13 +3,20 @@
 `sample["tests"]` is one test block or a list of them:
   {"type": "stdio", "cases": [{"input": "...", "output": "..."}, ...]}   one unit per case, one process per case;
       stdout matches when its whitespace-separated tokens equal the expected ones (line breaks/spacing ignored).
-  {"type": "assert", "code": "assert f(1) == 2\\nassert f(2) == 3"}       one unit per top-level `assert`, all in
-      one process after the program (other top-level statements are setup, run in order).
+      A case's input and output must be strings (numbers are taken as their text); null is refused as a data
+      error ("None" is not what a dataset means by it).
+  {"type": "assert", "code": "assert f(1) == 2\\nassert f(2) == 3"}       one unit per top-level `assert`; the
+      program runs in one process and the snippets in another (rewards/sandbox.py `run_graded`): the expected
+      values never enter the program's process (other top-level statements are setup, run in order with them).
 Score: `mode: fraction` -> passed units / units; `mode: all` -> 1 only if every unit passed.
+`prelude` (null: none): Python code run before the program, in its process, for datasets whose solutions assume
+names they do not import (LeetCode / LiveCodeBench style: `List`, `Optional`, `defaultdict`...); "typing" is the
+preset of PRELUDES below.
 A zero score carries a reason when a guard fired (timeout, CPU/memory/output limit, forbidden operation, killed)
 or there was no code block; wrong output and ordinary exceptions are plain zeros (the program was just wrong).
-A failure the sandbox itself caused ("sandbox_error", e.g. a stdlib module it could not provide) or a sandbox that
-refuses to run without OS-level isolation (`require_os_isolation`) is a part error, whatever the score.
+A failure only the sandbox can cause (its set-up failed) or a sandbox that refuses to run without OS-level isolation
+(`require_os_isolation`) is a part error, whatever the score: both are read from the guard's own report, never from
+anything the program prints or returns (its exit code and stderr only label its own zeros).
 Runs on the composer's "threads" runner: the untrusted part is a subprocess this module kills itself.
 """
 
@@ -22,7 +29,14 @@ from .spec import RewardZero, SampleView
 from .sandbox import RunResult, SandboxLimits, run_program, sandbox_limits_from_config
 from .text import last_python_block
 
-GUARD_STATUSES = ("timeout", "cpu_limit", "memory", "output_limit", "write_limit", "forbidden", "killed")
+GUARD_STATUSES = ("timeout", "cpu_limit", "memory", "output_limit", "write_limit", "forbidden", "unavailable", "killed")
+# `prelude` presets: the names competitive-programming solutions use without importing them (one line, so the
+# program's own line numbers move by one).
+PRELUDES = {
+    "typing": "from typing import *; from collections import *; from itertools import *; from functools import *; "
+              "from heapq import *; from bisect import *; from math import *; import math, heapq, bisect, "
+              "itertools, functools, collections, string, re, random, operator, sys",
+}
 
 
 def _blocks(tests) -> list[dict]:
@@ -35,6 +49,14 @@ def _blocks(tests) -> list[dict]:
             raise ValueError(f"bad test block {str(t)[:100]!r}: needs type 'stdio' or 'assert'")
         if t["type"] == "stdio" and not isinstance(t.get("cases"), list):
             raise ValueError("stdio test block needs a 'cases' list")
+        if t["type"] == "stdio":
+            for k, case in enumerate(t["cases"]):
+                if not isinstance(case, dict):
+                    raise ValueError(f"stdio case {k} is not an object with 'input' and 'output'")
+                for key in ("input", "output"):
+                    value = case.get(key, "")
+                    if value is None or isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                        raise ValueError(f"stdio case {k} has {key} {str(value)[:40]!r}: give a string ('' for none)")
         if t["type"] == "assert" and not isinstance(t.get("code"), str):
             raise ValueError("assert test block needs a 'code' string")
     return tests
@@ -93,6 +115,13 @@ def run_tests(program: str, tests, limits: SandboxLimits, deadline: float | None
     return passed, total, runs
 
 
+def with_prelude(program: str, prelude: str | None) -> str:
+    """The program with the configured prelude (a PRELUDES name or code) run first; unchanged without one."""
+    if not prelude:
+        return program
+    return f"{PRELUDES.get(prelude, prelude)}\n{program}"
+
+
 def code_reward(view: SampleView, params: dict) -> float:
     tests = view.sample.get("tests")
     blocks = _blocks(tests)  # bad/missing tests -> ValueError -> a reported part error
@@ -101,17 +130,16 @@ def code_reward(view: SampleView, params: dict) -> float:
         raise RewardZero("no python code block in the answer")
     if len(program) > params["max_program_chars"]:
         raise RewardZero(f"program longer than {params['max_program_chars']} characters")
+    program = with_prelude(program, params.get("prelude"))
     passed, total, runs = run_tests(program, blocks, sandbox_limits_from_config(params), params.get("_deadline"))
     if total == 0:
         raise ValueError("sample has no test cases")
     score = passed / total if params["mode"] == "fraction" else float(passed == total)
-    broken = next((r for r in runs if r.status == "sandbox_error"), None)
-    if broken is not None:  # the sandbox, not the program, failed: the score would be wrong either way
-        raise RuntimeError(f"sandbox_error: {broken.detail}")
+    broken = next((r for r in runs if r.status == "setup_error"), None)
+    if broken is not None:  # the sandbox, not the program, failed (its own report): the score would be wrong
+        raise RuntimeError(f"sandbox setup failed: {broken.detail}")
     if score == 0.0:
-        guard = next((r for r in runs if r.status in GUARD_STATUSES or r.status == "setup_error"), None)
+        guard = next((r for r in runs if r.status in GUARD_STATUSES), None)
         if guard is not None:
-            if guard.status == "setup_error":  # our failure, not the program's: surfaces as a part error
-                raise RuntimeError(f"sandbox setup failed: {guard.detail}")
             raise RewardZero(f"{guard.status}: {guard.detail}")
     return score

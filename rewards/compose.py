@@ -14,6 +14,9 @@ Failure policy (rewards never take the run down):
   `rewards.judge.timeout_s` scores 0 for those parts with the reason; the run goes on. A part's own `timeout_s`
   does not apply to it (the call is per batch, not per sample).
 `reward_parts[label]` is the UNWEIGHTED part score (0 for a failed part); `reward_error` joins "label: reason".
+Reasons come from the sample (a program's stderr, a verifier quoting the submission): `reward_error` keeps them as
+they are (it is stored as JSON, which escapes them, and read by people), and every log line that carries one passes
+it through `rewards.text.log_safe` (one line, control characters escaped, bounded).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from .math_reward import warm_up_math
 from .process_pool import KillablePool
 from .judge import judge_config
 from .spec import RewardSpec, RewardZero, SampleView, validate_params
-from .text import answer_part, sanitize
+from .text import answer_part, log_safe, sanitize
 
 logger = logging.getLogger(__name__)
 
@@ -229,7 +232,7 @@ class RewardComposer:
             if parts is None:
                 t.reward_failed = True
                 t.reward_error = f"unknown domain {t.domain!r} (configured: {sorted(self.domains)})"
-                logger.warning("reward: sample %s: %s", t.uid, t.reward_error)
+                logger.warning("reward: sample %s: %s", log_safe(t.uid), log_safe(t.reward_error))
                 continue
             view = self._view(t)
             missing = [f"'{f}' (needed by {p.label})" for p in parts for f in NEEDED_FIELDS.get(p.name, ())
@@ -238,7 +241,8 @@ class RewardComposer:
                 t.reward_parts = {p.label: 0.0 for p in parts}
                 t.reward_error = "sample is missing " + ", ".join(missing)
                 t.reward_failed = True
-                logger.warning("reward: sample %s (%s): %s", t.uid, t.domain, t.reward_error)
+                logger.warning("reward: sample %s (%s): %s", log_safe(t.uid), log_safe(t.domain),
+                               log_safe(t.reward_error))
                 continue
             for pi, p in enumerate(parts):
                 jobs[p.runner].append((ti, pi, view))
@@ -389,7 +393,7 @@ class RewardComposer:
             results[(ti, pi)] = r
 
     def _judge_failed(self, keys, results, reason: str) -> None:
-        logger.warning("reward: %s (%d judge request(s) scored 0)", reason, len(keys))
+        logger.warning("reward: %s (%d judge request(s) scored 0)", log_safe(reason), len(keys))
         for ti, pi, _ in keys:
             results[(ti, pi)] = _Result(0.0, reason, failed=True)
 
@@ -424,7 +428,8 @@ class RewardComposer:
                     errors.append(f"{p.label}: {r.reason}")
                     if r.failed and warned < MAX_WARNINGS_PER_BATCH:
                         warned += 1
-                        logger.warning("reward %s/%s failed for sample %s: %s", t.domain, p.label, t.uid, r.reason)
+                        logger.warning("reward %s/%s failed for sample %s: %s", log_safe(t.domain), p.label,
+                                       log_safe(t.uid), log_safe(r.reason))
                     elif r.failed:
                         warned += 1
                     else:
@@ -437,7 +442,8 @@ class RewardComposer:
             first = key not in self._zeros_warned
             self._zeros_warned.add(key)
             logger.log(logging.WARNING if first else logging.INFO, "reward %s: %d sample(s) scored 0 with a reason, "
-                       "e.g. %r%s", key, len(reasons), reasons[0], " (from now on logged at INFO)" if first else "")
+                       "e.g. '%s'%s", log_safe(key), len(reasons), log_safe(reasons[0]),
+                       " (from now on logged at INFO)" if first else "")
 
     def close(self) -> None:
         if self._pool is not None:

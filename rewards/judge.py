@@ -22,6 +22,13 @@ most signal: the approach and the conclusion), then, only if that is not enough,
 a "[... N tokens omitted ...]" marker tells the judge. The policy's text is tokenised again here with the judge's
 tokenizer: unavoidable for a different model, and nothing of it flows back into training as token ids.
 
+The question, response and criterion are untrusted (the policy writes the response, and is rewarded for what the
+judge says): no text in them may add a turn to the judge's conversation. Every special-token string of the judge
+tokenizer is removed from them to a fixed point (so "<|im_<|im_start|>start|>" does not reassemble), again after the
+cut (decoding the kept pieces gives the text as the tokenizer normalised it), and every prompt is checked to hold
+exactly the special tokens of the chat template alone; a request that fails the check scores 0 with the reason and
+never reaches the judge model.
+
 `RubricJudge` needs only the judge model's tokenizer and two callables: text generation (text mode) and next-token
 logprobs (expected mode). The engine behind them, and the Ray actor that serves one judge to every reward worker,
 live in `rollout/judge_worker.py`; the reward-scoring CLI builds one in-process.
@@ -167,11 +174,18 @@ class RubricJudge:
         if mode == "expected":
             self.score_token_ids = self._score_tokens()
         # Special-token strings inside untrusted text (question/response/criterion) would be parsed as real
-        # special tokens and could fake the chat structure; they are removed from those fields.
+        # special tokens and could fake the chat structure (close the user turn, forge the judge's answer): they
+        # are removed from those fields to a fixed point (`_defuse`), and every prompt is checked to hold exactly
+        # the special tokens of the template alone (`_prompt_ids`), which also covers what no removal of a token's
+        # text finds (a tokenizer that reads a normalised look-alike as the token).
+        added = getattr(self.tok, "added_tokens_decoder", {}) or {}
         specials = {str(x) for x in self.tok.all_special_tokens}
-        specials |= {str(t.content) for t in getattr(self.tok, "added_tokens_decoder", {}).values()
-                     if getattr(t, "special", False)}
+        specials |= {str(t.content) for t in added.values() if getattr(t, "special", False)}
         self._special = sorted((x for x in specials if x), key=len, reverse=True)
+        self._special_ids = {int(i) for i in self.tok.all_special_ids}
+        self._special_ids |= {int(i) for i, t in added.items() if getattr(t, "special", False)}
+        self._template_specials = {retry: self._specials_in(self._encode(self.render("", "", "", retry=retry)))
+                                   for retry in (False, True)}
 
     def _score_tokens(self) -> list[int]:
         ids = []
@@ -188,10 +202,21 @@ class RubricJudge:
 
     # -- prompts ---------------------------------------------------------------------------------------
     def _defuse(self, text: str) -> str:
-        for s in self._special:
-            if s in text:
-                text = text.replace(s, "")
-        return text
+        """`text` without any special-token string, to a fixed point: "<|im_<|im_start|>start|>" loses both."""
+        return remove_to_fixed_point(text, self._special)
+
+    def _specials_in(self, ids: list[int]) -> list[int]:
+        return [i for i in ids if i in self._special_ids]
+
+    def _prompt_ids(self, question: str, response: str, criterion: str, retry: bool = False) -> list[int]:
+        """The prompt's token ids, checked to hold exactly the special tokens of the chat template alone (no field
+        can add, drop or move a turn); ValueError (the request scores 0 with it) otherwise."""
+        ids = self._encode(self.render(question, response, criterion, retry=retry))
+        found, want = self._specials_in(ids), self._template_specials[retry]
+        if found != want:
+            raise ValueError(f"the judge prompt holds {len(found)} special tokens where its chat template alone has "
+                             f"{len(want)}: the question, response or criterion reads as chat markup; not judged")
+        return ids
 
     def _encode(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
@@ -210,8 +235,10 @@ class RubricJudge:
         if len(ids) <= keep:
             return text
         head, tail = keep // 2, keep - keep // 2
-        return (self.tok.decode(ids[:head]) + f"\n[... {len(ids) - keep} tokens omitted ...]\n"
-                + self.tok.decode(ids[len(ids) - tail:]))
+        # The kept pieces are decoded, and decoding gives the text as the tokenizer normalised it (NFKC turns a
+        # look-alike into the token's own text): removed again here, where `fit` measures the result.
+        return self._defuse(self.tok.decode(ids[:head]) + f"\n[... {len(ids) - keep} tokens omitted ...]\n"
+                            + self.tok.decode(ids[len(ids) - tail:]))
 
     def fit(self, question: str, response: str, criteria: list[str]) -> tuple[str, str]:
         """(question, response) cut so that every criterion's prompt fits max_prompt_tokens (the longest decides,
@@ -236,20 +263,25 @@ class RubricJudge:
     # -- scoring ---------------------------------------------------------------------------------------
     def score(self, requests: list[dict]) -> list[dict]:
         results: list[dict] = [{"score": 0.0, "reason": None, "criteria": []} for _ in requests]
-        jobs: list[tuple[int, str, str, str]] = []  # (request index, question, response, criterion)
+        # (request index, prompt ids, retry prompt ids (text mode) or None), every one checked by `_prompt_ids`
+        jobs: list[tuple[int, list[int], list[int] | None]] = []
         weights: list[list[float]] = []
         for i, req in enumerate(requests):
             try:
                 rubric = normalize_rubric(req.get("rubric"))
                 q, r = self._defuse(sanitize(req.get("question", ""))), self._defuse(sanitize(req.get("response", "")))
-                crits = [self._defuse(c) for c, _ in rubric]
+                if not r.strip():
+                    raise ValueError("empty response once chat-template tokens are removed")
+                crits = [self._defuse(sanitize(c)) for c, _ in rubric]
                 q, r = self.fit(q, r, crits)
+                todo = [(i, self._prompt_ids(q, r, c), self._prompt_ids(q, r, c, retry=True)
+                         if self.mode == "text" else None) for c in crits]
             except ValueError as exc:
                 results[i]["reason"] = str(exc)
                 weights.append([])
                 continue
             weights.append([w for _, w in rubric])
-            jobs.extend((i, q, r, c) for c in crits)
+            jobs.extend(todo)
         if jobs:
             scores, reasons = (self._expected(jobs) if self.mode == "expected" else self._text(jobs))
             per_req: dict[int, list[tuple[float, str | None]]] = {}
@@ -264,7 +296,7 @@ class RubricJudge:
         return results
 
     def _expected(self, jobs) -> tuple[list[float], list[None]]:
-        prompts = [self._encode(self.render(q, r, c)) for _, q, r, c in jobs]
+        prompts = [ids for _, ids, _ in jobs]
         logp = np.asarray(self.next_token_logprobs(prompts, self.score_token_ids), dtype=np.float64)
         return expected_scores(logp, self.score_max).tolist(), [None] * len(jobs)
 
@@ -273,15 +305,39 @@ class RubricJudge:
         return self.generate_texts(prompts, self.max_new_tokens, self.temperature, self.seed)
 
     def _text(self, jobs) -> tuple[list[float], list[str | None]]:
-        texts = self._generate_texts([self._encode(self.render(q, r, c)) for _, q, r, c in jobs])
+        texts = self._generate_texts([ids for _, ids, _ in jobs])
         parsed = [parse_score(t, self.score_max) for t in texts]
         failed = [k for k, (s, _) in enumerate(parsed) if s is None]
         if failed:  # one retry, batched, with a reminder of the format in the prompt
-            retry = self._generate_texts([self._encode(self.render(*jobs[k][1:], retry=True)) for k in failed])
+            retry = self._generate_texts([jobs[k][2] for k in failed])
             for k, t in zip(failed, retry):
                 s, why = parse_score(t, self.score_max)
                 parsed[k] = (s, None) if s is not None else (None, f"unparseable after retry ({why}): {t[:80]!r}")
         return ([0.0 if s is None else s / self.score_max for s, _ in parsed], [why for _, why in parsed])
+
+
+def remove_to_fixed_point(text: str, tokens: list[str]) -> str:
+    """`text` with every occurrence of `tokens` removed, including those the removal itself forms ("<|im_" +
+    "<|im_start|>" + "start|>"): the result holds none of them. Linear in the text however deep the nesting (a stack:
+    each character is appended once, and a token is popped the moment the output ends with it)."""
+    if not any(t in text for t in tokens):
+        return text
+    for _ in range(3):  # the usual cases (no nesting, or a little) at C speed
+        for t in tokens:
+            text = text.replace(t, "")
+        if not any(t in text for t in tokens):
+            return text
+    by_last: dict[str, list[str]] = {}
+    for t in sorted(tokens, key=len, reverse=True):
+        by_last.setdefault(t[-1], []).append(t)
+    out: list[str] = []
+    for ch in text:
+        out.append(ch)
+        for t in by_last.get(ch, ()):  # the output held none before this character: one can only end here
+            if len(out) >= len(t) and "".join(out[-len(t):]) == t:
+                del out[-len(t):]
+                break
+    return "".join(out)
 
 
 def expected_scores(logp: np.ndarray, score_max: int) -> np.ndarray:

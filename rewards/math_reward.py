@@ -8,6 +8,9 @@ math-verify reports its inner timeouts only through `logging` ("Timeout during c
 parsing: <the whole text>") and then returns False / []. A pool worker has no logging configured, so Python's
 last-resort handler printed those bare lines on the console. Its calls here run under `_quiet_math_verify`, which
 collects those records instead; a timeout becomes the sample's reason ("math: math-verify timed out ...").
+
+What math-verify reads is `answer_window.read_answer(answer, max_answer_chars)`: a bounded window of the answer
+part that never grades a fragment (issue 67; rewards/answer_window.py says how).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 import re
 from fractions import Fraction
 
+from .answer_window import read_answer
 from .spec import RewardZero, SampleView
 from .text import last_boxed
 
@@ -89,8 +93,8 @@ def _math_verify_reward(view: SampleView, params: dict, messages: list[str]) -> 
     answer = view.answer
     if not answer.strip():
         raise RewardZero("empty answer part")
-    # The final answer is at the end; reading only the tail keeps a 1 MB response from costing minutes of regex.
-    answer = answer[-params["max_answer_chars"]:]
+    # A bounded read (a 1 MB response would cost minutes of regex) that never cuts an answer (`read_answer`).
+    answer = read_answer(answer, params["max_answer_chars"])
     inner = max(1, int(params["inner_timeout_s"]))
     gold_parsed = _parse_gold(str(gold), inner)
     if not gold_parsed:
@@ -203,14 +207,14 @@ def fast_math_check(view: SampleView, params: dict) -> float | None:
     only \\boxed{}, or a lone integer or \\frac{a}{b} in plain prose): 1.0 when they are equal, 0.0 when they differ by more than
     any rounding tolerance; or when the reference is an interval with plain-number ends and the answer a boxed
     interval or number (`_interval_check`); None (math-verify decides, in the pool) otherwise, e.g. 0.333 against
-    1/3, which math-verify may accept. Linear in the answer's tail, so it runs in the composer's process: most reasoning
-    samples never wait for a pool process."""
+    1/3, which math-verify may accept. It reads what math-verify reads (`read_answer`) and is linear in the answer,
+    so it runs in the composer's process: most reasoning samples never wait for a pool process."""
     gold_text = str(view.sample.get("answer") or "")
     gold = plain_number(gold_text)
     if gold is None:
         interval = plain_interval(gold_text)
-        return _interval_check(view.answer[-params["max_answer_chars"]:], interval) if interval else None
-    pred = _said_answer(view.answer[-params["max_answer_chars"]:])
+        return _interval_check(read_answer(view.answer, params["max_answer_chars"]), interval) if interval else None
+    pred = _said_answer(read_answer(view.answer, params["max_answer_chars"]))
     if pred is None:
         return None
     if pred == gold:

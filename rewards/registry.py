@@ -54,6 +54,8 @@ REWARDS: dict[str, RewardSpec] = {
         "packages": Param((list, tuple), ("numpy",), check=lambda v: all(isinstance(x, str) for x in v),
                           hint="must be a list of package names"),  # third-party packages a program may import
         "max_write_mb": Param(int, 32, **_pos),  # write quota of one run
+        # code run before the program (a PRELUDES preset name or Python code); null: none
+        "prelude": Param(str, None, check=lambda v: bool(v.strip()), hint="must be a PRELUDES name or Python code"),
     }),
     "exact_match": RewardSpec(exact_match, params={"max_answer_chars": Param(int, 4000, **_pos)}),
     "format": RewardSpec(format_reward, params={

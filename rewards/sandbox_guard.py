@@ -2,12 +2,13 @@
 
 Started by `rewards.sandbox` as `python -I sandbox_guard.py SPEC_JSON` in a new session (its own process group),
 with cwd = the program's own directory (the "box"), stdin/stdout/stderr redirected to files. It is a standalone
-script (imports only the stdlib) because it runs before privileges are dropped and must not import anything the
-sandbox could touch. Order matters:
+script (imports only the stdlib, and its sibling modules by path) because it runs before privileges are dropped and
+must not import anything the sandbox could touch. Order matters:
 
-  1. read the program (and, in assert mode, the tests + nonce from stdin, whose file is then deleted);
+  1. read the program (in graded mode the tests stay on fd 0, unread, and their file is unlinked);
   2. OS-level isolation, each layer best effort and reported (see `rewards.sandbox` for the parent side):
-     a. (root) a fresh network namespace: no interfaces but a down loopback, so no network at all;
+     a. (root) fresh network and IPC namespaces: no interfaces but a down loopback, and System V IPC objects that
+        die with the run;
      b. (root) a fresh mount namespace with a private root ("jail"): a tmpfs holding read-only bind mounts of
         the interpreter's stdlib, the allowed third-party packages (numpy), the library dirs they load from, a
         few /etc and /dev files, a /proc of our own (hidepid) and the box (read-write: a size-limited tmpfs of
@@ -21,56 +22,52 @@ sandbox could touch. Order matters:
         openat, O_PATH, ...), not only to the paths Python's audit hook sees;
   3. resource limits: CPU, address space, file size, open files, processes, no core dumps;
   4. (root) drop to the run's own sandbox uid/gid (RLIMIT_NPROC then applies; the process becomes
-     non-dumpable, so its /proc/self/mem, environ and fd/ are root-only), PR_SET_NO_NEW_PRIVS, Landlock on,
-     then (root or not, Landlock or not) the seccomp filter of sandbox_seccomp.py: no execve/execveat, no new
-     namespaces, no ptrace, io_uring, bpf, mounts, keyrings... (that module's docstring has the list);
-  5. a Python audit hook as a second layer (the only one where no OS layer is available): no sockets but
+     non-dumpable, so its /proc/self/mem, environ and fd/ are root-only; as non-root it is made non-dumpable
+     explicitly), PR_SET_NO_NEW_PRIVS, Landlock on, then (root or not, Landlock or not) the seccomp filter of
+     sandbox_seccomp.py: no execve/execveat, no new namespaces, no ptrace, io_uring, bpf, mounts, keyrings, System V
+     IPC...; then, in the process that runs the program, a second filter: no new processes (threads only), so its
+     memory limit is the sample's and not multiplied by a process count;
+  5. the header of the result file: the guard's report, with "ready" once set-up is complete. Written before any
+     untrusted code runs, on a descriptor the program never holds, so the parent tells a set-up failure or a
+     refusal from a program that merely exits with the same code or prints the same words;
+  6. a Python audit hook as a second layer (the only one where no OS layer is available): no sockets but
      AF_UNIX ones, no connect/bind/sendto at all, no process creation, no signals, no ctypes, no
      sub-interpreters / test C-API modules, writes only inside the box, reads only of the allowed list
      (PermissionError otherwise), no directory handles outside the box (so no dir_fd-relative escapes), no
-     relative paths with '..' (ambiguous with dir_fd), no tracing/profiling, no reading the test driver's code
-     (frame.f_code, see below), no sys._getframe into the guard's own frames;
-  6. run the program.
+     relative paths with '..' (ambiguous with dir_fd), no tracing/profiling, no sys._getframe into the guard's
+     own frames;
+  7. run the program.
 
-Assert mode and its nonce. The program runs first, then each assert snippet, all in the main thread, by a
-"driver" code object generated here. A pass is recorded by the driver right after a snippet returned normally,
-by writing `PASS i <nonce>` into a shared memory mapping of the result file (the file descriptor is closed before
-any untrusted code runs, so the program has no handle on that file at all). The mapping, the nonce lines and the
-snippet code objects are constants (co_consts) of the driver code, never local or global variables: user code can
-reach the driver's frame (sys._getframe / f_back / tb_frame are allowed, the stdlib needs them) and read its
-f_locals/f_globals (nothing secret there), but the only way from a frame to its constants is frame.f_code, which
-the audit hook refuses for the driver's code object. So `sys.exit(0)` / `os._exit(0)` before the asserts, or a
-forged PASS line, do not count. What remains possible for hostile code: memory-corruption bugs of CPython itself
-(and, without the OS layers, everything the Python-level hook cannot see, e.g. `_posixsubprocess`, which is
-therefore refused when no OS file-system isolation is in place); redefining what the tests call (e.g. an object
-whose __eq__ is always True) is a test-design matter, not the sandbox's.
+Graded mode (the code reward's asserts, code_repo's test suites): after step 5 the guard forks. The child runs the
+program (steps 6-7) and then serves the tests' requests on a socketpair (sandbox_remote.py); the parent, which
+the program never was, reads the tests from fd 0 and runs them against the program through that socket
+(sandbox_grader.py), writing each verdict after the header. The expected values never enter the program's process,
+and nothing the program does can write a verdict. What the program can still do to the grader: kill or stop it
+(same uid), which only loses the verdicts not yet written.
 """
 
-import _thread
 import importlib.machinery
 import json
-import mmap
 import os
 import pathlib
 import posix
 import resource
+import signal
 import stat
 import sys
 import time
 import types
-import warnings
 
 VIOLATION_EXIT = 87
 SETUP_ERROR_EXIT = 86
 ISOLATION_EXIT = 85  # OS-level isolation was required (require_os_isolation) but could not be set up
 MARKER = "__SANDBOX_VIOLATION__"
 DENIED = "[sandbox]"  # prefix of the PermissionError message the hook raises for a read outside the sandbox
-HEADER_BYTES = 4096  # result file: a JSON isolation report, then one slot per assert snippet
-SLOT_BYTES = 64
+HEADER_BYTES = 4096  # result file: the guard's JSON report, then (graded mode) the grader's JSON lines
 
 # Imported before the privilege drop when the sandbox uid cannot read the interpreter (no mount namespace and
-# a Python installed under a 0700 directory): then only these are importable, and anything else fails with a
-# "sandbox_error" label (see rewards.sandbox).
+# a Python installed under a 0700 directory): then only these are importable, and anything else fails with an
+# "unavailable" label (see rewards.sandbox).
 FALLBACK_PRELOAD = (
     "abc array bisect calendar cmath collections collections.abc copy dataclasses datetime decimal enum fractions "
     "functools hashlib heapq io itertools json math numbers operator random re statistics string struct sys "
@@ -106,6 +103,7 @@ COPY_EVENTS = {"shutil.copyfile", "shutil.copytree", "shutil.copymode", "shutil.
 MOVE_EVENTS = {"shutil.move", "os.rename", "os.replace"}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 HANDLE_FLAGS = getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_PATH", 0)
+PR_SET_DUMPABLE = 4
 
 
 
@@ -113,13 +111,12 @@ HANDLE_FLAGS = getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_PATH", 0)
 def make_hook(cfg):
     """The audit hook. Everything it uses is bound here (closure), never looked up at event time, so user code
     that replaces builtins, os/posixpath functions or this module's globals cannot change its decisions."""
-    _type, _isinstance, _id, _len = type, isinstance, id, len
+    _type, _isinstance, _len = type, isinstance, len
     _str_add, _bytes_add = str.__add__, bytes.__add__
     _startswith = str.startswith
     _normpath = getattr(posix, "_path_normpath", None) or os.path.normpath  # the C one where it exists (3.11+)
     _getcwd, _stat, _isdir_mode = os.getcwd, os.stat, stat.S_ISDIR
     _write_, _exit_ = os.write, os._exit
-    _get_ident = _thread.get_ident
     _PermissionError, _OSError, _ValueError = PermissionError, OSError, ValueError
     path_types = (pathlib.PosixPath, pathlib.PurePosixPath)
     orig_fspath, orig_str = pathlib.PurePath.__fspath__, pathlib.PurePath.__str__
@@ -134,17 +131,15 @@ def make_hook(cfg):
     list_dirs = frozenset(cfg["list_dirs"])
     pid = os.getpid()
     proc_net = ("/proc/net", "/proc/self/net", f"/proc/{pid}/net", "/proc/thread-self/net")
-    guard_globals, driver_globals = cfg["guard_globals"], cfg["driver_globals"]
-    secret_ids = cfg["secret_ids"]  # ids of code objects whose constants are secret (the assert driver)
+    guard_globals = cfg["guard_globals"]
     forbidden, path_events = frozenset(FORBIDDEN), frozenset(PATH_EVENTS)
     copy_events, move_events = frozenset(COPY_EVENTS), frozenset(MOVE_EVENTS)
     forbidden_imports = set(FORBIDDEN_IMPORTS)
-    if not cfg["os_fs"]:
-        # _posixsubprocess.fork_exec raises no audit event: without an OS layer it would be an unchecked way
-        # to start processes.
+    if not cfg["no_process"]:
+        # _posixsubprocess.fork_exec raises no audit event (and runs a preexec_fn in the child): without the
+        # seccomp filter against new processes it would be an unchecked way to start processes.
         forbidden_imports.add("_posixsubprocess")
     forbidden_imports = frozenset(forbidden_imports)
-    busy = set()
     af_unix = 1  # AF_UNIX on Linux
     _getframe = sys._getframe
     coroutine_code = types.coroutine.__code__
@@ -263,31 +258,20 @@ def make_hook(cfg):
             if args and args[0] in forbidden_imports:
                 kill("forbidden import " + args[0])
         elif event == "sys._getframe":
-            g = args[0].f_globals
-            if g is guard_globals or g is driver_globals:
+            if args[0].f_globals is guard_globals:
                 kill("forbidden introspection: sys._getframe into the sandbox's own frames")
-        elif event == "object.__getattr__" and secret_ids and _len(args) > 1 and args[1] == "f_code":
-            tid = _get_ident()
-            if tid in busy:
-                return  # our own read of f_code below
-            busy.add(tid)
-            try:
-                code = args[0].f_code
-            finally:
-                busy.discard(tid)
-            if _id(code) in secret_ids:
-                kill("forbidden introspection: frame.f_code of the sandbox's test driver")
 
     return hook
 
 
 # ------------------------------------------------------------------------------------------------ setup helpers
-def set_limits(spec):
+def set_limits(spec, fsize=None):
     mb = 1024 * 1024
+    fsize = max(spec["fsize_bytes"], fsize or 0)
     limits = [
         (resource.RLIMIT_CPU, (spec["cpu_s"], spec["cpu_s"] + 1)),
         (resource.RLIMIT_AS, (spec["memory_mb"] * mb, spec["memory_mb"] * mb)),
-        (resource.RLIMIT_FSIZE, (spec["fsize_bytes"], spec["fsize_bytes"])),
+        (resource.RLIMIT_FSIZE, (fsize, fsize)),
         (resource.RLIMIT_NOFILE, (spec["max_files"], spec["max_files"])),
         (resource.RLIMIT_NPROC, (spec["max_procs"], spec["max_procs"])),
         (resource.RLIMIT_CORE, (0, 0)),
@@ -296,101 +280,54 @@ def set_limits(spec):
         resource.setrlimit(which, value)
 
 
-def read_payload(spec):
-    """Assert mode: the tests and the nonce come on stdin; fd 0 is then /dev/null and the file is deleted."""
-    payload = json.loads(sys.stdin.read())
-    devnull = os.open("/dev/null", os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    try:
-        os.unlink(spec["stdin_path"])
-    except (OSError, KeyError):
-        pass
-    spec["stdin_path"] = None
-    return payload
-
-
-def _make_exits():
-    write, exit_ = os.write, os._exit
-
-    def program_exit():
-        write(2, b"program called exit() before the tests ran\n")
-        exit_(1)
-
-    def snippet_exit(i):
-        write(2, f"test {i}: exit() called\n".encode())
-        exit_(1)
-
-    def report(i, exc):
-        try:
-            msg = f"test {i}: {type(exc).__name__}: {str(exc)[:200]}\n"
-        except BaseException:  # noqa: BLE001 - a hostile __str__
-            msg = f"test {i}: failed\n"
-        write(2, msg.encode("utf-8", "replace"))
-
-    return program_exit, snippet_exit, report
-
-
-def build_driver(source, payload, result_fd, ns):
-    """The assert-mode driver: one code object whose constants hold everything secret (module docstring)."""
-    nonce, snippets = payload.pop("nonce"), payload.pop("snippets")
-    program = compile(source, "solution.py", "exec", dont_inherit=True)
-    codes = []
-    for i, s in enumerate(snippets):
-        try:
-            codes.append(compile(s, f"test_{i}.py", "exec", dont_inherit=True))
-        except (SyntaxError, ValueError) as exc:
-            codes.append(compile(f"raise SyntaxError({str(exc)!r})", f"test_{i}.py", "exec"))
-    size = HEADER_BYTES + SLOT_BYTES * len(codes)
-    mm = mmap.mmap(result_fd, size)
-    # CPython's mmap object keeps a dup() of the descriptor (for size()/resize()); a descriptor is reachable by
-    # number from user code, so close every descriptor of the result file. The mapping itself needs none.
-    target = os.fstat(result_fd)
-    for fd in range(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0]):
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            continue
-        if fd != result_fd and (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
-            os.close(fd)
-    program_exit, snippet_exit, report = _make_exits()
-    consts = {"\0EXEC": exec, "\0PROG": program, "\0NS": ns, "\0SE": SystemExit, "\0BE": BaseException,
-              "\0PEXIT": program_exit, "\0SEXIT": snippet_exit, "\0REPORT": report, "\0SET": mm.__setitem__}
-    src = ["try:\n    '\\0EXEC'('\\0PROG', '\\0NS')\nexcept '\\0SE':\n    '\\0PEXIT'()\n"]
-    for i, code in enumerate(codes):
-        line = f"PASS {i} {nonce}\n".encode()
-        start = HEADER_BYTES + SLOT_BYTES * i
-        consts[f"\0C{i}"], consts[f"\0L{i}"] = code, line
-        consts[f"\0S{i}"] = slice(start, start + len(line))
-        src.append(f"try:\n    '\\0EXEC'('\\0C{i}', '\\0NS')\nexcept '\\0SE':\n    '\\0SEXIT'({i})\n"
-                   f"except '\\0BE' as e:\n    '\\0REPORT'({i}, e)\nelse:\n    '\\0SET'('\\0S{i}', '\\0L{i}')\n")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "'str' object is not callable": the placeholders are replaced below
-        driver = compile("".join(src), "<sandbox-driver>", "exec", dont_inherit=True)
-    driver = driver.replace(co_consts=tuple(
-        consts[c] if type(c) is str and c in consts else c for c in driver.co_consts))
-    return driver
-
-
-def hook_config(spec, paths, os_fs, driver_globals, secret_ids):
+def hook_config(spec, paths, os_fs, no_process):
     return {
         "root": spec["root"], "pkg": paths["pkg"], "read": paths["ro"], "hidden": paths["hide"],
         "read_files": set(paths["dev"]) | {"/dev/stdin"}, "write_files": {"/dev/null"},
-        "list_dirs": set(paths["list"]), "os_fs": os_fs, "guard_globals": globals(),
-        "driver_globals": driver_globals, "secret_ids": secret_ids,
+        "list_dirs": set(paths["list"]), "os_fs": os_fs, "no_process": no_process, "guard_globals": globals(),
     }
 
 
-def load_os_layer():
-    """rewards/sandbox_os.py, loaded by path: this script runs with `python -I`, so its own directory is not on
-    sys.path, and it must not import the project's package (its __init__ and everything it pulls in)."""
-    import importlib.util
+def load_sibling(name, compiled):
+    """rewards/<name>.py as module `_mixrl_<name>`: this script runs with `python -I`, so its own directory is not on
+    sys.path, and it must not import the project's package (its __init__ and everything it pulls in). From the
+    parent's compiled copy (`compiled`: name -> marshal file, see rewards.sandbox `compiled_guard`) when it has
+    one, else from the source."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    module = types.ModuleType(f"_mixrl_{name}")
+    module.__file__ = path
+    sys.modules[module.__name__] = module
+    if name in compiled:
+        import marshal
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_os.py")
-    spec = importlib.util.spec_from_file_location("_mixrl_sandbox_os", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+        with open(compiled[name], "rb") as f:
+            code = marshal.loads(f.read())
+    else:
+        with open(path, encoding="utf-8") as f:
+            code = compile(f.read(), path, "exec", dont_inherit=True)
+    exec(code, module.__dict__)
     return module
+
+
+def write_header(result_fd, rep):
+    os.pwrite(result_fd, json.dumps(rep).encode()[:HEADER_BYTES - 1] + b"\n", 0)
+
+
+def setup_failed(result_fd, rep, why):
+    rep["setup_error"] = why[:500]
+    write_header(result_fd, rep)
+    os.write(2, f"sandbox setup failed: {why}".encode())
+    os._exit(SETUP_ERROR_EXIT)
+
+
+def forbid_new_processes(osl, sc, spec, rep):
+    """The second seccomp filter (threads only); True when it is on. Without seccomp the audit hook refuses the
+    ways Python starts processes instead."""
+    prog = (spec.get("seccomp") or {}).get("no_process")
+    if sc is None or not rep["seccomp"] or not prog:
+        return False
+    sc.seccomp(bytes.fromhex(prog))
+    return True
 
 
 def main():
@@ -399,23 +336,37 @@ def main():
     paths = spec["paths"]
     is_root = os.geteuid() == 0
     disabled = set(spec.get("disable", ()))
-    rep = {"root": is_root, "uid_drop": False, "netns": False, "jail": False, "proc": False, "landlock": 0,
-           "landlock_abi": 0, "seccomp": 0, "box_tmpfs": False, "interp_ok": None,
-           "errors": {}, "ms": {}}
+    rep = {"root": is_root, "uid_drop": False, "netns": False, "ipcns": False, "jail": False, "proc": False,
+           "landlock": 0, "landlock_abi": 0, "seccomp": 0, "no_process": False, "box_tmpfs": False,
+           "interp_ok": None, "errors": {}, "ms": {}}
     clock = time.perf_counter
     t0 = clock()
 
     def lap(name, since):
         rep["ms"][name] = round((clock() - since) * 1000, 2)
         return clock()
+    result_fd = spec["result_fd"]
     with open(spec["program"], encoding="utf-8", errors="replace") as f:
         source = f.read()
-    payload = read_payload(spec) if spec["mode"] == "assert" else None
-    result_fd = spec["result_fd"]
-    if payload is not None:
-        os.ftruncate(result_fd, HEADER_BYTES + SLOT_BYTES * len(payload["snippets"]))
+    graded = spec["mode"] == "graded"
+    if graded:
+        # The tests stay on fd 0 for the grader; with their file gone no path leads to them (the jail's
+        # /dev/stdin is /dev/null).
+        try:
+            os.unlink(spec["stdin_path"])
+        except OSError:
+            pass
+        spec["stdin_path"] = None
 
-    osl = load_os_layer()
+    t = lap("read", t0)
+    compiled = spec.get("compiled") or {}
+    osl = load_sibling("sandbox_os", compiled)
+    t = lap("load_os", t)
+    if graded:  # loaded before the jail: the project's directory is not in it
+        load_sibling("sandbox_wire", compiled)
+        remote = load_sibling("sandbox_remote", compiled)
+        grader = load_sibling("sandbox_grader", compiled)
+    t = lap("load_graded", t)
     sc, ll_fd = osl.isolate(spec, paths, rep, disabled, is_root, lap)
     t = clock()
     if is_root and not rep["jail"] and not all(osl.others_can_reach(p) for p in paths["stdlib"]):
@@ -427,14 +378,15 @@ def main():
                 pass
     if spec["mode"] == "probe":
         import socket  # noqa: F401 - the probe's own imports, even where the uid cannot read the stdlib
-
     for name in spec.get("packages", ()):  # fill the import caches while the dirs can still be listed
         try:
             importlib.machinery.PathFinder.find_spec(name)
         except Exception:  # noqa: BLE001
             pass
     try:
-        set_limits(spec)
+        # In graded mode the grader writes its verdicts after the header; the program's process lowers the file
+        # size limit back to the run's own right after the fork.
+        set_limits(spec, HEADER_BYTES + RESULT_LIMIT if graded else None)
         if is_root:
             os.setgroups([])
             os.setgid(spec["gid"])
@@ -442,10 +394,11 @@ def main():
             if os.getuid() == 0 or os.geteuid() == 0:
                 raise RuntimeError("could not drop root")
             rep["uid_drop"] = True
+        elif sc is not None:
+            sc.prctl(PR_SET_DUMPABLE, 0)  # the uid drop does this as root: no /proc/<pid>/mem, fd/ of ours
         osl.restrict(sc, ll_fd, rep, None if "seccomp" in disabled else spec.get("seccomp"))
     except Exception as exc:  # noqa: BLE001
-        os.write(2, f"sandbox setup failed: {exc}".encode())
-        os._exit(SETUP_ERROR_EXIT)
+        setup_failed(result_fd, rep, str(exc))
     lap("limits_drop_restrict", t)
     lap("setup_total", t0)
     try:
@@ -456,44 +409,123 @@ def main():
         rep["interp_ok"] = False
     os_fs = bool(rep["jail"] or rep["landlock"])
     os_net = bool(rep["netns"] or rep["landlock"] >= 4)
-    header = json.dumps(rep).encode()[:HEADER_BYTES - 1] + b"\n"
-    os.pwrite(result_fd, header, 0)
+    write_header(result_fd, rep)
     if spec.get("require") and not (os_fs and os_net and rep["seccomp"] and (rep["uid_drop"] or not is_root)):
         missing = [k for k, ok in (("file-system isolation (jail or Landlock)", os_fs),
                                    ("network isolation (netns or Landlock ABI >= 4)", os_net),
                                    ("the seccomp syscall filter", rep["seccomp"])) if not ok]
-        os.write(2, f"sandbox isolation required but unavailable: {', '.join(missing)}; "
-                    f"errors: {json.dumps(rep['errors'])}\n".encode())
+        rep["refused"] = (f"sandbox isolation required but unavailable: {', '.join(missing)}; "
+                          f"errors: {json.dumps(rep['errors'])}")[:1000]
+        write_header(result_fd, rep)
+        os.write(2, (rep["refused"] + "\n").encode())
         os._exit(ISOLATION_EXIT)
 
     if spec["mode"] == "probe":  # our own trusted probe program: the OS layers only, no audit hook
+        rep["ready"] = True
+        write_header(result_fd, rep)
         os.close(result_fd)
         exec(compile(source, "probe.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
         return
-    if payload is None:
-        os.close(result_fd)
-        sys.addaudithook(make_hook(hook_config(spec, paths, os_fs, None, frozenset())))
-        del spec, paths, payload, header, sc
-        exec(compile(source, "solution.py", "exec", dont_inherit=True), program_namespace("__main__"))
+    if graded:
+        rep["ready"] = True
+        write_header(result_fd, rep)
+        run_graded(spec, paths, os_fs, source, result_fd, osl, sc, rep, remote, grader)
         return
-    exec(*prepare_assert(spec, paths, os_fs, source, payload, result_fd))
-    # Back from the driver: every assert ran. Leave now (no atexit handlers, no waiting for the program's threads).
+    try:
+        rep["no_process"] = forbid_new_processes(osl, sc, spec, rep)
+    except OSError as exc:
+        setup_failed(result_fd, rep, f"the seccomp filter against new processes: {exc}")
+    rep["ready"] = True
+    write_header(result_fd, rep)
+    os.close(result_fd)
+    sys.addaudithook(make_hook(hook_config(spec, paths, os_fs, rep["no_process"])))
+    del spec, paths, rep, sc
+    exec(compile(source, "solution.py", "exec", dont_inherit=True), program_namespace("__main__"))
+
+
+RESULT_LIMIT = 4 << 20  # bytes of verdicts the grader may write after the header
+
+
+def run_graded(spec, paths, os_fs, source, result_fd, osl, sc, rep, remote, grader):
+    """Fork: the child becomes the program's process, this process stays the grader (module docstring)."""
+    (grader_r, program_w), (program_r, grader_w) = remote.channel()
+    pid = os.fork()
+    if pid == 0:
+        os.close(grader_r)
+        os.close(grader_w)
+        program_side(spec, paths, os_fs, source, result_fd, osl, sc, rep, remote, program_r, program_w)
+        os._exit(0)
+    os.close(program_r)
+    os.close(program_w)
+    with open(0, "rb", closefd=False) as f:
+        payload = json.loads(f.read().decode("utf-8", "replace"))
+    devnull = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    conn = remote.connect(grader_r, grader_w, "grader")
+    results = grader.Results(result_fd, HEADER_BYTES, RESULT_LIMIT)
+    ended = {}
+
+    def program_status(wait_s=0.5):
+        """How the program's process ended ({"exit": code} or {"signal": n}), or None while it runs."""
+        deadline = time.monotonic() + wait_s
+        while "status" not in ended:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                ended["status"] = {"signal": -code} if code < 0 else {"exit": code}
+            elif time.monotonic() >= deadline:
+                return None
+            else:
+                time.sleep(0.005)
+        return ended["status"]
+
+    try:
+        grader.run(remote, conn, payload, results, program_status)
+    finally:
+        if "status" not in ended:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001
+                pass
+    os._exit(0)
+
+
+def program_side(spec, paths, os_fs, source, result_fd, osl, sc, rep, remote, rfd, wfd):
+    """The program's process: nothing secret is reachable from here (no result descriptor, no tests on fd 0)."""
+    os.close(result_fd)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (spec["fsize_bytes"], spec["fsize_bytes"]))
+    devnull = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    try:
+        no_process = forbid_new_processes(osl, sc, spec, rep)
+    except OSError:
+        os._exit(SETUP_ERROR_EXIT)  # without "ready" on the socket the grader records a set-up failure
+    conn = remote.connect(rfd, wfd, "program")
+    sys.addaudithook(make_hook(hook_config(spec, paths, os_fs, no_process)))
+    del spec, paths, rep, sc, osl
+    conn.send({"ready": True})
+    ns = program_namespace("solution")
+    try:
+        exec(compile(source, "solution.py", "exec", dont_inherit=True), ns)
+    except BaseException as exc:  # noqa: BLE001 - the tests then fail with this reason
+        conn.send({"error": conn.encode_error(exc)})
+    else:
+        conn.send({"names": remote.program_globals(conn, ns)})
+    conn.serve_forever()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             stream.flush()
         except BaseException:  # noqa: BLE001 - replaced by the program with something odd
             pass
     os._exit(0)
-
-
-def prepare_assert(spec, paths, os_fs, source, payload, result_fd):
-    """Build the driver, close the result fd, install the hook. The driver code object and its globals come back
-    as a tuple the caller unpacks straight into exec, so no frame's locals ever hold the driver."""
-    driver = build_driver(source, payload, result_fd, program_namespace("solution"))
-    os.close(result_fd)
-    driver_globals = {"__builtins__": __builtins__}
-    sys.addaudithook(make_hook(hook_config(spec, paths, os_fs, driver_globals, frozenset({id(driver)}))))
-    return driver, driver_globals
 
 
 def program_namespace(name):

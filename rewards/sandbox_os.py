@@ -1,4 +1,4 @@
-"""The OS-level layers of the code sandbox (see sandbox_guard.py, step 2): a network namespace, a private
+"""The OS-level layers of the code sandbox (see sandbox_guard.py, step 2): network and IPC namespaces, a private
 mount-namespace root ("jail") whose box is a size-limited tmpfs (the write quota), Landlock rules and the seccomp
 filter (sandbox_seccomp.py), set up by the guard while it is still root, through the few syscalls Python does
 not wrap. Loaded by the guard by path (standalone: only the stdlib). Each layer is best effort and reported in
@@ -67,7 +67,7 @@ class Sys:
                     "prctl(PR_SET_SECCOMP)")
 
 
-CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
+CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWIPC = 0x00020000, 0x40000000, 0x08000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_KEEP = 8 | 1024 | 2048 | 4096  # noexec, noatime, nodiratime, relatime: kept from the source on remount
@@ -342,6 +342,12 @@ def isolate(spec, paths, rep, disabled, is_root, lap):
         except OSError as exc:
             rep["errors"]["netns"] = str(exc)[:200]
     t = lap("netns", t)
+    if sc is not None and is_root and "ipcns" not in disabled:
+        try:  # System V IPC objects and POSIX message queues made in the run die with it
+            sc.unshare(CLONE_NEWIPC, "unshare(CLONE_NEWIPC)")
+            rep["ipcns"] = True
+        except OSError as exc:
+            rep["errors"]["ipcns"] = str(exc)[:200]
     if sc is not None and is_root and "jail" not in disabled:
         try:
             rep["proc"] = build_jail(sc, spec, paths, rep)

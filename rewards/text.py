@@ -122,3 +122,66 @@ def remove_fenced_blocks(text: str) -> str:
 
 def nfkc(text: str) -> str:
     return unicodedata.normalize("NFKC", text)
+
+
+# ---------------------------------------------------------------------------------------------- logging
+LOG_LIMIT = 300  # characters of one sample-derived text in a log line, escapes included
+_LOG_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _log_escape(ch: str) -> str:
+    if ch in _LOG_ESCAPES:
+        return _LOG_ESCAPES[ch]
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def log_safe(text: object, limit: int = LOG_LIMIT) -> str:
+    """Text that came from a sample (a reward's reason quoting a program's stderr or the submission, a verifier's
+    reason, a tool or episode error, a task id, an exception raised over model text) as ONE line of a log: every
+    character that is not printable is escaped where it stands, so it shows and forms nothing: line breaks of any kind
+    ("\\n", "\\r", "\\x0b", "\\x0c", "\\x1c".."\\x1e", "\\x85", "\\u2028", "\\u2029") could forge log lines (a fake
+    "step 99 reward 1.000"), ESC starts terminal escapes ("\\x1b[2K" erases a line on a console), bidi and
+    zero-width controls reorder or hide what a reader sees. The result is at most `limit` characters (escapes
+    included; a cut one says how long the text was). An exception gives "Type: message" and where it was raised
+    (the frames of its traceback, innermost last), on the same line. Linear in min(len(text), limit)."""
+    if isinstance(text, BaseException):
+        text = _describe_exception(text)
+    elif isinstance(text, bytes):
+        text = text.decode("utf-8", errors="backslashreplace")
+    elif not isinstance(text, str):
+        try:
+            text = str(text)
+        except Exception:  # noqa: BLE001 - an object whose str() raises still has a type
+            text = f"<{type(text).__name__}>"
+    limit = max(int(limit), 16)
+    if len(text) <= limit and text.isprintable():
+        return text
+    out, size = [], 0
+    for ch in text[:limit]:
+        piece = ch if ch.isprintable() else _log_escape(ch)
+        if size + len(piece) > limit:
+            break
+        out.append(piece)
+        size += len(piece)
+    else:
+        if len(text) <= limit:
+            return "".join(out)
+    tail = f"... ({len(text)} characters)"
+    while out and size + len(tail) > limit:
+        size -= len(out.pop())
+    return "".join(out) + tail
+
+
+def _describe_exception(exc: BaseException) -> str:
+    import traceback
+
+    try:
+        message = f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - an exception whose str() raises
+        message = type(exc).__name__
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    if frames:
+        where = " < ".join(f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno} {f.name}" for f in reversed(frames))
+        message += f" (at {where})"
+    return message

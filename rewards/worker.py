@@ -31,11 +31,15 @@ from rl.config import to_plain
 from rl.trajectory import Trajectory
 
 from .compose import RewardComposer
+from .text import log_safe
 
 logger = logging.getLogger(__name__)
 
 # Groups whose early results are kept at most (a share retried on another worker leaves its early results here)
 MAX_EARLY_GROUPS = 8192
+# Groups `score` has scored that are remembered, so a late `prescore` of them is dropped (the oldest are forgotten
+# first: the late calls come within moments of their share's `score`)
+MAX_SCORED_GROUPS = 65536
 
 
 def response_fingerprint(t: Trajectory) -> bytes:
@@ -65,6 +69,8 @@ class RewardWorker:
         cfg = to_plain(cfg)
         # fastText/BLAS inside this actor: one thread each, the parallelism is the pool's and the sandboxes'.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        # max_new_tokens 0 when absent (not the YAML's 48): the budget is unknown, so a length part must state its
+        # own (tests/test_config_defaults.py KNOWN)
         self.composer = RewardComposer(
             cfg["domains"], cfg.get("rewards") or {}, (cfg.get("rollout") or {}).get("max_new_tokens", 0),
             judge=judge,
@@ -72,6 +78,9 @@ class RewardWorker:
         # group id -> {response fingerprint: (reward, reward_parts, reward_error, reward_failed)} from `prescore`
         self._early: OrderedDict[str, dict[bytes, tuple]] = OrderedDict()
         self.early_used = self.scored = 0  # samples `score` took an early result for / was given, since start
+        # groups `score` has scored (ids are unique per run): a `prescore` of one comes late and is dropped
+        self._scored_groups: OrderedDict[str, None] = OrderedDict()
+        self.late_dropped = 0  # samples dropped that way, since start
         self._queue: list[Trajectory] = []  # early samples not yet taken by the scoring thread
         self._changed = threading.Condition()  # guards _queue, _early, _busy, _closed
         self._busy = self._closed = False
@@ -86,12 +95,19 @@ class RewardWorker:
     def prescore(self, trajs: list[Trajectory]) -> int:
         """Queue samples that ended while the rollout goes on, for the scoring thread; `score` uses the results.
         Domains with a judge part wait for `score` (the judge model would compete with the rollout for the GPU).
-        Returns how many were queued."""
+        A group is scored once: this call comes from the rollout worker and `score` from the driver's side, which
+        Ray does not order, so it may come after its share's `score`; such samples are dropped (scoring them would
+        waste the pool's or the sandbox's time, and nothing would take the results). Returns how many were queued."""
         trajs = [t for t in trajs if not self.composer.uses_judge(t.domain)]
         with self._changed:
-            self._queue.extend(trajs)
+            queued = [t for t in trajs if t.group_id not in self._scored_groups]
+            self.late_dropped += len(trajs) - len(queued)
+            self._queue.extend(queued)
             self._changed.notify_all()
-        return len(trajs)
+        if len(queued) < len(trajs):
+            logger.debug("reward worker: %d early samples came after their groups were scored; dropped",
+                         len(trajs) - len(queued))
+        return len(queued)
 
     def _score_early(self) -> None:
         """The scoring thread: everything queued, in one composer call, until `close`."""
@@ -108,9 +124,10 @@ class RewardWorker:
                     results = [(t.group_id, response_fingerprint(t),
                                 (t.reward, dict(t.reward_parts), t.reward_error, t.reward_failed))
                                for t in self.composer.score(batch)] if batch else []
-                except Exception:  # noqa: BLE001 - `score` scores these samples again; the thread must go on
-                    logger.exception("reward worker: scoring %d early samples failed; they are scored with their "
-                                     "share", len(batch))
+                except Exception as exc:  # noqa: BLE001 - `score` scores these samples again; the thread goes on
+                    # one line: the error may quote a sample (where it was raised is on it too)
+                    logger.error("reward worker: scoring %d early samples failed (%s); they are scored with their "
+                                 "share", len(batch), log_safe(exc, 2000))
                 finally:
                     with self._changed:
                         for group, key, result in results:
@@ -128,6 +145,11 @@ class RewardWorker:
                 # this share's samples still queued are scored below with the rest, in the same composer call
                 self._queue = [t for t in self._queue if t.group_id not in groups]
                 early = {g: self._early.pop(g) for g in groups if g in self._early}  # each group is scored once
+                for g in groups:  # ... and a `prescore` of it that comes later is dropped
+                    self._scored_groups[g] = None
+                    self._scored_groups.move_to_end(g)
+                while len(self._scored_groups) > MAX_SCORED_GROUPS:
+                    self._scored_groups.popitem(last=False)
             self.scored += len(trajs)
             rest = []
             for t in trajs:

@@ -55,13 +55,35 @@ def assign_advantages(trajs: list[Trajectory], normalize_std: bool) -> None:
         t.advantage = by_uid.get(t.uid, 0.0)
 
 
+def episode_shares(loss_tokens: list[float]) -> list[float]:
+    """The weights of an episode's k+1 context segments in the seq-mean losses (`rl.losses.aggregate`), from their
+    loss tokens n_s:
+
+        s_seg = n_seg / sum_s n_s    (1/(k+1) each when the episode has no loss token),
+
+    so that sum_seg s_seg * (1/n_seg) sum_{t in seg} x_t = 1/|o_i| sum_{t in o_i} x_t: the episode's segments give
+    exactly the paper's per-sequence mean over all of its tokens, and the episode weighs one sequence (V3.2 gives
+    no weighting for managed contexts; an episode's weight should not grow with how often its context was reset).
+    They sum to 1."""
+    total = float(sum(loss_tokens))
+    if total <= 0:
+        return [1.0 / len(loss_tokens)] * len(loss_tokens)
+    return [float(n) / total for n in loss_tokens]
+
+
 def expand_segments(trajs: list[Trajectory]) -> list[Trajectory]:
     """The samples to train on: every trajectory, each preceded by its earlier context segments (a managed agent
     episode, `Trajectory.segments`), which take the episode's reward, its parts and its advantage. Call after
     `assign_advantages`: a segment is never a sample of its group's baseline (an episode counts once however often
-    its context was reset); it trains as a sample of its own (Keep Sampling Mask, Keep Routing, OPSM per segment)."""
+    its context was reset); it trains as a sample of its own (Keep Sampling Mask, Keep Routing, OPSM per segment)
+    that weighs its share of the episode (`Trajectory.episode_share`, `episode_shares`; 1 for a sample of one
+    segment): under the seq-mean aggregations the episode's loss and gradient are those of one sequence holding all
+    of its tokens, and the mini-batch's normaliser counts it once (`rl.batching.minibatch_norm`)."""
     out: list[Trajectory] = []
     for t in trajs:
+        parts = [*(t.segments or ()), t]
+        for s, share in zip(parts, episode_shares([float(p.loss_mask_or_ones().sum()) for p in parts])):
+            s.episode_share = share
         for s in t.segments or ():
             s.reward, s.reward_parts, s.reward_error = t.reward, dict(t.reward_parts), t.reward_error
             s.reward_failed, s.advantage = t.reward_failed, t.advantage

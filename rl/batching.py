@@ -30,10 +30,12 @@ def minibatches(trajs: list[Trajectory], n: int, seed: int, step: int) -> list[l
     return split_even([trajs[i] for i in order], n)
 
 
-def minibatch_norm(minibatch: list[Trajectory]) -> tuple[int, int]:
-    """(sequences, loss tokens) of a whole mini-batch: every rank's micro-batch losses are normalised by these,
-    so that they sum to the mini-batch's loss (see `rl.losses.aggregate`)."""
-    return len(minibatch), int(sum(t.loss_mask_or_ones().sum() for t in minibatch))
+def minibatch_norm(minibatch: list[Trajectory]) -> tuple[float, int]:
+    """(episodes, loss tokens) of a whole mini-batch: every rank's micro-batch losses are normalised by these,
+    so that they sum to the mini-batch's loss (see `rl.losses.aggregate`). Episodes = the sum of the samples'
+    `episode_share`: the number of samples, where a managed agent episode's context segments count as one
+    together (a fraction of one where its segments fall into different mini-batches)."""
+    return float(sum(t.episode_share for t in minibatch)), int(sum(t.loss_mask_or_ones().sum() for t in minibatch))
 
 
 def micro_batches(trajs: list[Trajectory], n: int, layout: str | None = None,

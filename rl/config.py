@@ -27,9 +27,55 @@ DATASET_KEYS = {"path", "name", "split", "columns", "system_prompt", "data_files
 AUTO_BOOL = {"auto", True, False}
 LOGGER_MODES = {"auto", "online", "offline", "disabled"}
 
+# The one default of each optional rollout / trainer key the code reads with a fallback (`rcfg.get(key,
+# ROLLOUT_DEFAULTS[key])`): what a config without the key gets (a tool that builds a partial config, a test). The
+# YAML holds the same values (conf/rollout/vllm.yaml, and conf/rollout/hf.yaml where it has the key;
+# conf/trainer/deepspeed.yaml): tests/test_config_defaults.py compares them, and finds code that reads one of these
+# keys with a default of its own.
+ROLLOUT_DEFAULTS: dict[str, Any] = {
+    "placement": "colocated",
+    "tensor_parallel_size": 1,
+    "gpu_memory_utilization": 0.4,
+    "enable_sleep_mode": True,
+    "sleep_level": 2,
+    "enforce_eager": False,
+    "compile": True,
+    "per_request_seed": False,
+    "capture": "sampler",
+    "engine_core": "in_process",
+    "kv_cache_dtype": "auto",
+    "kept_set_buffer_mb": 256,
+    "start_plan": True,
+    "payload_by_reference": True,
+    "weight_sync_bucket_mb": 512,
+    "weight_sync_packed": True,
+    "weight_sync_timeout_s": 1800,
+    "timeout_s": 3600,
+    "max_staleness": 0,
+    "top_p": 1.0,
+    "top_k": 0,
+}
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "device": "auto",
+    "zero_stage": 2,
+    "ref_placement": "actor",
+    "ref_num_gpus": 0,
+    "pack_sequences": "auto",
+    "micro_batch_memory": 0.75,
+    "logprob_head": "dense",
+    "compile": False,
+    "coalesce_grad_reduction": True,
+    "save_last": True,
+    "profile_step": 0,
+    "offload_optimizer": "none",
+    "fused_adam": False,
+}
+
 
 def check_number(cfg: Mapping, key: str, path: str, *, lo: float | None = None, hi: float | None = None,
-         lo_open: bool = False, integer: bool = False, optional: bool = False) -> Any:
+         lo_open: bool = False, integer: bool = False, optional: bool = False, allow_inf: bool = False) -> Any:
+    """`cfg[key]` is a number in range; NaN never, +-inf only with `allow_inf` (a key where inf means "no limit",
+    e.g. opsm_delta): an infinite weight, lr or temperature would pass here and fail the run minutes later."""
     value = cfg.get(key)
     where = f"{path}.{key}"
     if value is None:
@@ -38,8 +84,16 @@ def check_number(cfg: Mapping, key: str, path: str, *, lo: float | None = None, 
         raise ConfigError(f"{where} is required")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
         raise ConfigError(f"{where} must be {'an integer' if integer else 'a number'}, got {value!r}")
-    if math.isnan(value):
-        raise ConfigError(f"{where} must not be NaN")
+    if isinstance(value, float):
+        if math.isnan(value):
+            raise ConfigError(f"{where} must not be NaN")
+        if math.isinf(value) and not allow_inf:
+            raise ConfigError(f"{where} must be a finite number, got {value}")
+    elif not integer:
+        try:
+            float(value)
+        except OverflowError:  # an int past float range: every later float(value) would raise
+            raise ConfigError(f"{where} must be a finite number, got an integer of {value.bit_length()} bits") from None
     if lo is not None and (value <= lo if lo_open else value < lo):
         raise ConfigError(f"{where} must be {'>' if lo_open else '>='} {lo}, got {value}")
     if hi is not None and value > hi:
@@ -68,7 +122,7 @@ def validate_domains(domains: Any) -> None:
             raise ConfigError(f"{path}.{sorted(unknown)[0]}: unknown key; allowed: {sorted(DOMAIN_KEYS)}")
         check_number(d, "weight", path, lo=0)  # 0 switches the domain off
         check_number(d, "kl_coef", path, lo=0)
-        check_number(d, "opsm_delta", path, lo=0, optional=True)  # absent = null = off
+        check_number(d, "opsm_delta", path, lo=0, optional=True, allow_inf=True)  # absent = null = inf = off
         check_number(d, "distill_coef", path, lo=0, optional=True)
         check_number(d, "reward_coef", path, lo=0, optional=True)
         if d.get("teacher") is not None and (not isinstance(d["teacher"], str) or not d["teacher"].strip()):
@@ -218,6 +272,7 @@ def validate(cfg: Mapping) -> None:
     check_number(r, "num_workers", "rollout", lo=1, integer=True)
     check_number(r, "max_model_len", "rollout", lo=1, integer=True, optional=True)
     check_number(r, "max_num_seqs", "rollout", lo=1, integer=True, optional=True)
+    check_number(r, "weight_sync_timeout_s", "rollout", lo=0, lo_open=True, optional=True)  # null: no limit
     if "compile" in r:
         check_choice(r, "compile", "rollout", {True, False})
     check_number(data, "prompts_per_step", "data", lo=1, integer=True)
@@ -264,11 +319,11 @@ def validate(cfg: Mapping) -> None:
         validate_sft(a, t)
     else:
         check_number(a, "clip_eps_low", "algorithm", lo=0, hi=1)
-        check_number(a, "clip_eps_high", "algorithm", lo=0)
+        check_number(a, "clip_eps_high", "algorithm", lo=0, allow_inf=True)  # inf: no upper clip
         check_choice(a, "loss_aggregation", "algorithm", set(AGGREGATIONS))
         if "old_logprobs" in a:
             check_choice(a, "old_logprobs", "algorithm", {"inference", "trainer"})
-        check_number(a, "tis_cap", "algorithm", lo=1, optional=True)
+        check_number(a, "tis_cap", "algorithm", lo=1, optional=True, allow_inf=True)  # inf: no cap
         validate_distill(cfg)
     for key in ("keep_sampling_mask", "keep_routing"):
         check_choice(a, key, "algorithm", AUTO_BOOL)
@@ -322,7 +377,7 @@ def validate_eval(e: Mapping) -> None:
         raise ConfigError(f"eval.temperature must be 0 (greedy) or >= 1e-5, got {e['temperature']}")
     check_number(e, "top_p", "eval", lo=0, lo_open=True, hi=1, optional=True)
     check_number(e, "top_k", "eval", lo=0, integer=True, optional=True)
-    check_number(e, "pass_threshold", "eval", optional=True)
+    check_number(e, "pass_threshold", "eval", optional=True, allow_inf=True)
     for key in ("before_train", "only"):
         if key in e:
             check_choice(e, key, "eval", {True, False})
@@ -340,12 +395,12 @@ def frozen_models_sharded(cfg: Mapping) -> bool:
     """`trainer.ref_placement: sharded`: the reference and the distillation teachers live in the trainer ranks,
     their parameters partitioned over the ranks (ZeRO-3 inference, trainer/frozen.py), instead of one whole copy in
     an actor of their own (`actor`, the default) with a GPU share (`trainer.ref_num_gpus`)."""
-    return str((cfg.get("trainer") or {}).get("ref_placement") or "actor") == "sharded"
+    return str((cfg.get("trainer") or {}).get("ref_placement") or TRAINER_DEFAULTS["ref_placement"]) == "sharded"
 
 
 def rollout_placement(rcfg: Mapping) -> str:
     """`rollout.placement`: colocated (the default) | split. Only vLLM rollouts on GPUs use it."""
-    return str(rcfg.get("placement") or "colocated")
+    return str(rcfg.get("placement") or ROLLOUT_DEFAULTS["placement"])
 
 
 def is_colocated_vllm(cfg: Mapping) -> bool:
@@ -382,13 +437,14 @@ def engine_memory_share(rcfg: Mapping, engines: int = 1) -> float | None:
     their memory stays taken, so they need no room to wake up into); None for the transformers engine, whose memory
     use is not bounded ahead."""
     spec = placement_spec(rcfg)
-    if not spec.gpu_memory or rcfg.get("gpu_memory_utilization") is None:
+    utilization = rcfg.get("gpu_memory_utilization", ROLLOUT_DEFAULTS["gpu_memory_utilization"])
+    if not spec.gpu_memory or utilization is None:
         return None
     if str(rcfg.get("engine")) == AUTO and not installed(spec):  # auto falls back to the transformers engine
         return None
-    if not rcfg.get("enable_sleep_mode", False):
+    if not rcfg.get("enable_sleep_mode", ROLLOUT_DEFAULTS["enable_sleep_mode"]):
         return 0.0
-    return float(rcfg["gpu_memory_utilization"]) * engines
+    return float(utilization) * engines
 
 
 def to_plain(cfg: Any) -> Any:
@@ -427,7 +483,7 @@ def pack_sequences(cfg: Mapping) -> bool:
     """`trainer.pack_sequences`: auto packs with varlen attention, whose kernels cost what the samples cost.
     With sdpa/eager a packed row gets a block-diagonal mask over its whole length, which costs more attention than
     padding, so auto leaves it off there (true still packs: exact either way)."""
-    setting = cfg["trainer"].get("pack_sequences", "auto")
+    setting = cfg["trainer"].get("pack_sequences", TRAINER_DEFAULTS["pack_sequences"])
     if setting == "auto":
         return varlen_attention(cfg)
     return bool(setting)
@@ -438,8 +494,8 @@ def head_options(cfg: Mapping) -> dict:
     of `trainer.forward.forward_logprobs`): chunking, the float32 head, the support-only head."""
     return {"chunk_size": int(cfg["trainer"]["logprob_chunk_size"]),
             "fp32_head": bool(cfg["model"].get("fp32_lm_head", False)),
-            "support_head": cfg["trainer"].get("logprob_head", "dense") == "support",
-            "compiled": bool(cfg["trainer"].get("compile", False)),
+            "support_head": cfg["trainer"].get("logprob_head", TRAINER_DEFAULTS["logprob_head"]) == "support",
+            "compiled": bool(cfg["trainer"].get("compile", TRAINER_DEFAULTS["compile"])),
             "bitwise": bitwise_on_policy(cfg)}
 
 
@@ -460,24 +516,27 @@ def validate_bitwise(cfg: Mapping) -> None:
     """What `algorithm.on_policy=bitwise` needs, refused at start by name (the model's layers are checked when the
     trainer loads it: rl.bitwise.unsupported_reason)."""
     r, t, m, a = cfg["rollout"], cfg["trainer"], cfg["model"], cfg["algorithm"]
-    truncates = float(r.get("top_p", 1.0)) < 1.0 or int(r.get("top_k", 0) or 0) > 0
+    truncates = (float(r.get("top_p", ROLLOUT_DEFAULTS["top_p"])) < 1.0
+                 or int(r.get("top_k", ROLLOUT_DEFAULTS["top_k"]) or 0) > 0)
     engine_args = set(r.get("engine_args") or {})
     needs = {
         "rollout.engine=vllm (the batch-invariant kernels are vLLM's)": r.get("engine") in ("vllm", AUTO),
         "rollout.engine_core=in_process (vLLM is patched in the rollout worker's process)":
-            r.get("engine_core", "in_process") == "in_process",
-        "rollout.tensor_parallel_size=1": int(r.get("tensor_parallel_size", 1)) == 1,
+            r.get("engine_core", ROLLOUT_DEFAULTS["engine_core"]) == "in_process",
+        "rollout.tensor_parallel_size=1":
+            int(r.get("tensor_parallel_size", ROLLOUT_DEFAULTS["tensor_parallel_size"])) == 1,
         "rollout.capture=sampler (the trainer replays the capture's logprob kernel)":
-            r.get("capture", "sampler") == "sampler",
-        "trainer.device=cuda or auto": str(t.get("device", "auto")) != "cpu",
-        "trainer.zero_stage <= 2 (the bitwise forward reads whole weights)": int(t.get("zero_stage", 2)) <= 2,
-        "trainer.ref_placement=actor": t.get("ref_placement", "actor") == "actor",
+            r.get("capture", ROLLOUT_DEFAULTS["capture"]) == "sampler",
+        "trainer.device=cuda or auto": str(t.get("device", TRAINER_DEFAULTS["device"])) != "cpu",
+        "trainer.zero_stage <= 2 (the bitwise forward reads whole weights)":
+            int(t.get("zero_stage", TRAINER_DEFAULTS["zero_stage"])) <= 2,
+        "trainer.ref_placement=actor": t.get("ref_placement", TRAINER_DEFAULTS["ref_placement"]) == "actor",
         "model.fp32_lm_head=false (vLLM's batch-invariant head is bf16)": not m.get("fp32_lm_head", False),
         "model.dtype=bfloat16 (the dtype the mode was checked in)": m.get("dtype") == "bfloat16",
         "algorithm.keep_sampling_mask on when rollout.top_p < 1 or top_k > 0 (the engine's value is over the kept set)":
             not truncates or a.get("keep_sampling_mask", AUTO) in (AUTO, True),
         "rollout.kv_cache_dtype=auto (the trainer replays attention over model.dtype values)":
-            r.get("kv_cache_dtype", "auto") == "auto",
+            r.get("kv_cache_dtype", ROLLOUT_DEFAULTS["kv_cache_dtype"]) == "auto",
         f"no rollout.engine_args {sorted(engine_args & BITWISE_ENGINE_ARGS)} (the mode sets or excludes them)":
             not engine_args & BITWISE_ENGINE_ARGS,
     }
@@ -489,7 +548,7 @@ def validate_bitwise(cfg: Mapping) -> None:
 def micro_batch_memory(cfg: Mapping) -> float:
     """`trainer.micro_batch_memory`: the share of the free GPU memory an auto-sized micro-batch may take (the
     policy's and the reference's)."""
-    return float(cfg["trainer"].get("micro_batch_memory", 0.75))
+    return float(cfg["trainer"].get("micro_batch_memory", TRAINER_DEFAULTS["micro_batch_memory"]))
 
 
 def logprob_temperature(rcfg: dict) -> float:

@@ -6,8 +6,9 @@ micro-batch, `seq_index[N]` maps each token to its sample `0..B-1`, and per-samp
 `loss_mask[N]` is 1 for policy-generated tokens; everything is aggregated over those only.
 
 Notation: `logprobs` = log pi_theta(o_t) (the trainer's), `old_logprobs` = log pi_old(o_t) (the batch's
-`inference_logprobs`: the engine's logprob of the sampled token),
-`ref_logprobs` = log pi_ref(o_t), `teacher_logprobs` = log pi_teacher(o_t). Every function works in any float dtype; tests run them in float64.
+`inference_logprobs`: the engine's logprob of the sampled token; with algorithm.old_logprobs=trainer the trainer's
+recomputation, and then `sampling_logprobs` = the engine's, which OPSM reads), `ref_logprobs` = log pi_ref(o_t),
+`teacher_logprobs` = log pi_teacher(o_t). Every function works in any float dtype; tests run them in float64.
 """
 
 from __future__ import annotations
@@ -95,9 +96,12 @@ def opsm_keep(
 
         A_i < 0  and  1/|o_i| sum_t log(pi_old(o_t) / pi_theta(o_t)) > delta_i
 
-    (strict inequalities; A_i < 0 means below -ADV_TOL, float rounding of the group mean aside). Computed on
-    detached logprobs: the mask is a constant of the step. Sequences with no generated token are kept, and
-    delta = +inf never masks. Returns bool [B].
+    (strict inequalities; A_i < 0 means below -ADV_TOL, float rounding of the group mean aside), pi_old = the
+    probability the tokens were sampled with: the inference engine's (`grpo_loss` passes the engine's logprobs here
+    also when the ratio's pi_old is the trainer's recomputation), so the statistic sees every source of
+    off-policyness: staleness, the engine/trainer gap and the earlier mini-batches' updates. Computed on detached
+    logprobs: the mask is a constant of the step. Sequences with no generated token are kept, and delta = +inf never
+    masks. Returns bool [B].
     """
     B = advantages.shape[0]
     drift = seq_mean((old_logprobs - logprobs).detach(), seq_index, loss_mask, B)
@@ -112,19 +116,29 @@ def aggregate(
     mask: torch.Tensor,
     B: int,
     aggregation: str,
-    norm_seqs: int,
+    norm_seqs: float,
     norm_tokens: int,
+    episode_share: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce per-token values to this micro-batch's share of the mini-batch objective.
 
-    seq_mean_token_mean (paper, 1/G sum_i 1/|o_i| sum_t): sum_i seq_mean_i / norm_seqs
+    seq_mean_token_mean (paper, 1/G sum_i 1/|o_i| sum_t): sum_i s_i seq_mean_i / norm_seqs
     token_mean:                                          sum_t mask_t x_t / max(norm_tokens, 1)
     seq_mean_token_sum:                                  sum_i seq_sum_i / norm_seqs
     The norms count the whole mini-batch (all micro-batches, all ranks) so that the micro-batch losses sum to
-    the mini-batch loss under gradient accumulation.
+    the mini-batch loss under gradient accumulation; norm_seqs counts episodes (`rl.batching.minibatch_norm`: the
+    sum of the shares).
+
+    s_i = `episode_share` [B] (None = all 1): sequence i's share of its episode's loss tokens. A managed agent
+    episode o_i trains as k+1 context segments; with s = n_seg / n_episode, sum_seg s * seq_mean_seg =
+    1/|o_i| sum_{t in o_i} x_t and sum_seg seq_sum_seg = sum_{t in o_i} x_t, so the episode weighs what it would
+    as one sequence however often its context was reset (`rl.advantages.expand_segments`).
     """
     if aggregation == "seq_mean_token_mean":
-        return seq_mean(x, seq_index, mask, B).sum() / norm_seqs
+        per_seq = seq_mean(x, seq_index, mask, B)
+        if episode_share is not None:
+            per_seq = per_seq * episode_share.to(per_seq.dtype)
+        return per_seq.sum() / norm_seqs
     if aggregation == "token_mean":  # a mini-batch with no loss token (all cut or masked): 0, not 0/0
         return (x * mask.to(x.dtype)).sum() / max(norm_tokens, 1)
     if aggregation == "seq_mean_token_sum":
@@ -138,7 +152,8 @@ def truncated_is_weight(old_logprobs: torch.Tensor, inference_logprobs: torch.Te
 
         w_t = min(pi_old(o_t) / pi_inference(o_t), cap),
 
-    which corrects the policy gradient for the engine/trainer mismatch and bounds its variance. Detached."""
+    which corrects the policy gradient and the unbiased KL (`grpo_loss`) for the engine/trainer mismatch and the
+    staleness of the samples, and bounds their variance. Detached."""
     return torch.exp((old_logprobs - inference_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).clamp(max=cap).detach()
 
 
@@ -182,33 +197,43 @@ def grpo_loss(
     eps_high: float,
     unbiased_kl: bool = True,
     aggregation: str = "seq_mean_token_mean",
-    norm_seqs: int,
+    norm_seqs: float,
     norm_tokens: int,
     is_weight: torch.Tensor | None = None,
     token_advantages: torch.Tensor | None = None,
+    sampling_logprobs: torch.Tensor | None = None,
+    episode_share: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO loss of one micro-batch with OPSM and a per-sample KL strength:
 
-        L = agg_{i,t}[ M_i * w_t * pg_{i,t} + beta_i * D_{i,t} ],
+        L = agg_{i,t}[ M_i * w_t * pg_{i,t} + beta_i * w_t * D_{i,t} ],
 
-    pg = clipped surrogate (`clipped_pg_loss`), M_i = `opsm_keep` (applies to the PG term only, never to the KL),
-    D = `unbiased_k3_kl` (or plain `k3_kl` when unbiased_kl=False), beta_i = kl_coef[i], agg = `aggregate`,
+    pg = clipped surrogate (`clipped_pg_loss`, ratio pi_theta/pi_old), M_i = `opsm_keep` (applies to the PG term
+    only, never to the KL) on mean_t log(pi_sampling/pi_theta), pi_sampling = `sampling_logprobs` (the engine's, the
+    probability the tokens were sampled with, as V3.2 defines OPSM; None = `old_logprobs`),
+    D = `unbiased_k3_kl` (ratio pi_theta/pi_old; or plain `k3_kl` when unbiased_kl=False, which gets no w_t),
+    beta_i = kl_coef[i], agg = `aggregate` (with `episode_share`),
     w_t = `is_weight` (a constant per token, 1 when None): the truncated importance weight pi_old/pi_inference when
-    pi_old is recomputed by the trainer (`truncated_is_weight`). ref_logprobs=None means no reference model was run;
-    then every kl_coef must be 0. `token_advantages` [N] (on-policy distillation, `distill_token_advantages`) replace
-    A_i in the policy-gradient term; OPSM still takes the sign of `advantages` (the caller passes the reward part:
-    the teacher term averages to minus the reverse KL, <= 0, and would count almost every distilled sequence as
-    negative).
+    pi_old is recomputed by the trainer (`truncated_is_weight`). Uncapped, w_t * pi_theta/pi_old =
+    pi_theta/pi_inference: both terms are then the estimators against the sampling policy,
+    E_{pi_inference}[w r k3] = E_{pi_theta}[k3] = KL(pi_theta || pi_ref) with its exact gradient; the cap gives up
+    that unbiasedness on the capped tokens for bounded variance, in both terms alike. With w = 1 (no recomputation,
+    or tis_cap null) the ratios correct only what separates pi_theta from pi_old. ref_logprobs=None means no
+    reference model was run; then every kl_coef must be 0. `token_advantages` [N] (on-policy distillation,
+    `distill_token_advantages`) replace A_i in the policy-gradient term; OPSM still takes the sign of `advantages`
+    (the caller passes the reward part: the teacher term averages to minus the reverse KL, <= 0, and would count
+    almost every distilled sequence as negative).
 
     Returns (loss, stats); stats are detached: pg_loss / kl_loss (aggregated like the loss, kl_loss includes
     beta, so loss = pg_loss + kl_loss), kl_seq[B] (per-sample mean KL estimate, without beta), opsm_keep[B],
-    log_ratio_seq[B] (per-sample mean log(pi_old/pi_theta), the OPSM statistic), clip_tok_sum, tok_sum.
+    log_ratio_seq[B] (per-sample mean log(pi_sampling/pi_theta), the OPSM statistic), clip_tok_sum, tok_sum.
     """
     B = advantages.shape[0]
     mask = loss_mask.to(logprobs.dtype)
     adv_tok = advantages[seq_index] if token_advantages is None else token_advantages
     pg_tok, clip_tok = clipped_pg_loss(logprobs, old_logprobs, adv_tok.to(logprobs.dtype), eps_low, eps_high)
-    keep = opsm_keep(advantages, logprobs, old_logprobs, seq_index, mask, opsm_delta)
+    sampled = old_logprobs if sampling_logprobs is None else sampling_logprobs.to(logprobs.dtype)
+    keep = opsm_keep(advantages, logprobs, sampled, seq_index, mask, opsm_delta)
     pg_tok = pg_tok * keep[seq_index].to(pg_tok.dtype)
     if is_weight is not None:
         pg_tok = pg_tok * is_weight.detach().to(pg_tok.dtype)
@@ -219,11 +244,13 @@ def grpo_loss(
         kl_tok = torch.zeros_like(logprobs)
     elif unbiased_kl:
         kl_tok = unbiased_k3_kl(logprobs, ref_logprobs, old_logprobs)
+        if is_weight is not None:
+            kl_tok = kl_tok * is_weight.detach().to(kl_tok.dtype)
     else:
         kl_tok = k3_kl(logprobs, ref_logprobs)
     kl_term = kl_coef[seq_index].to(logprobs.dtype) * kl_tok
 
-    agg = lambda x: aggregate(x, seq_index, mask, B, aggregation, norm_seqs, norm_tokens)  # noqa: E731
+    agg = lambda x: aggregate(x, seq_index, mask, B, aggregation, norm_seqs, norm_tokens, episode_share)  # noqa: E731
     loss = agg(pg_tok + kl_term)
     with torch.no_grad():
         stats = {
@@ -231,7 +258,7 @@ def grpo_loss(
             "kl_loss": agg(kl_term),
             "kl_seq": seq_mean(kl_tok, seq_index, mask, B),
             "opsm_keep": keep,
-            "log_ratio_seq": seq_mean(old_logprobs - logprobs, seq_index, mask, B),
+            "log_ratio_seq": seq_mean(sampled - logprobs, seq_index, mask, B),
             "clip_tok_sum": (clip_tok * mask).sum(),
             "tok_sum": mask.sum(),
         }

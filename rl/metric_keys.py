@@ -179,6 +179,30 @@ KEYS: list[tuple[str, str, str]] = [
 
 _PLACEHOLDER = re.compile(r"<[a-z]+>")
 
+# ------------------------------------------------------------------------------ key segments from model text
+UNKNOWN_TOOL = "_unknown"  # the <tool> of every call of a tool the environment does not have
+_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
+
+
+def key_segment(name: object, known: bool = True, fallback: str = UNKNOWN_TOOL) -> str:
+    """The one way a name the model wrote (a tool call's) becomes a segment of a metric key: the name itself only
+    when it names something the run defined (`known`: a tool of the environment) and is a plain segment (ASCII
+    letters, digits, "_", ".", "-"; at most 64 characters; not starting with "." so never "." or ".."), else
+    `fallback`. A model inventing names (a million tries) must not invent keys, nor put "/", a newline or 10 000
+    characters into one."""
+    if known and isinstance(name, str) and _SEGMENT.fullmatch(name):
+        return name
+    return fallback
+
+
+def tool_call_segments(call: dict) -> tuple[str, str]:
+    """(<tool>, <status>) of `episode/<d>/calls/<tool>/<status>` for one call of an episode's record
+    (rollout/agent.py: {tool, status, seconds, known}). `known` False (or status unknown_tool, for a record without
+    it): the environment has no such tool, whether the call ran or was skipped."""
+    status = call.get("status")
+    known = call.get("known", status != "unknown_tool")
+    return key_segment(call.get("tool"), bool(known)), key_segment(status, fallback="_other")
+
 
 def _regex(pattern: str) -> re.Pattern:
     parts = _PLACEHOLDER.split(pattern)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from rl.metric_keys import tool_call_segments
 from rl.trajectory import Trajectory
 
 
@@ -36,6 +37,8 @@ def rollout_metrics(trajs: list[Trajectory], domain_parts: Mapping[str, list[str
     the config), `agent_domains` and `domain_modes` (domain -> its thinking modes, `rl.data.thinking_modes`) make
     every domain's keys appear on every step, null when the step drew no prompt of it (of that mode);
     `staleness` = how many weight updates the sampling weights are behind the trained ones."""
+    # every context segment of a managed agent episode: the samples trained on (rl.advantages.expand_segments)
+    parts = [s for t in trajs for s in (*(t.segments or ()), t)]
     m: dict[str, float | None] = {
         "reward/mean": _mean([t.reward for t in trajs]),
         "reward/std": float(np.std([t.reward for t in trajs])) if trajs else 0.0,
@@ -47,8 +50,10 @@ def rollout_metrics(trajs: list[Trajectory], domain_parts: Mapping[str, list[str
         "prompt_length/mean": _mean([len(t.prompt_ids) for t in trajs]),
         "advantage/abs_mean": _mean([abs(t.advantage) for t in trajs]),
         "advantage/zero_variance_group_frac": zero_variance_group_frac(trajs),
-        # share of response tokens whose kept set the engine could not record completely (left out of the loss)
-        "rollout/kept_set_cut_frac": sum(t.kept_set_cut for t in trajs) / max(sum(t.num_response_tokens for t in trajs), 1),
+        # share of response tokens whose kept set the engine could not record completely (left out of the loss),
+        # over every context segment
+        "rollout/kept_set_cut_frac": (sum(s.kept_set_cut for s in parts)
+                                      / max(sum(s.num_response_tokens for s in parts), 1)),
         "rollout/staleness": float(staleness),
     }
     by_domain: dict[str, list[Trajectory]] = defaultdict(list)
@@ -96,8 +101,9 @@ def agent_metrics(trajs: list[Trajectory], agent_domains: list[str] = ()) -> dic
     reasons, generated vs tool tokens, tool latency, the environment verifier's success, context resets and the
     context tokens they dropped (agent.context_strategy); `time/tools`: the slowest
     rollout worker's wall time in tool calls. A domain of `agent_domains` without episodes this step gets nulls
-    (the sparse per-tool call counts excepted). Calls of tools the environment does not have count under the one
-    name `_unknown`: a model inventing names must not invent metric keys."""
+    (the sparse per-tool call counts excepted). Calls of tools the environment does not have (run or skipped), and
+    any name that is not a plain key segment, count under the one name `_unknown` (`rl.metric_keys.key_segment`):
+    a model inventing names must not invent metric keys."""
     m: dict[str, float | None] = {}
     episodes: dict[str, list[dict]] = defaultdict(list)
     for t in trajs:
@@ -124,8 +130,8 @@ def agent_metrics(trajs: list[Trajectory], agent_domains: list[str] = ()) -> dic
             m[f"episode/{d}/termination/{reason}"] = _mean([e["termination"] == reason for e in eps])
         counts: dict[str, float] = defaultdict(float)
         for c in calls:
-            tool = "_unknown" if c["status"] == "unknown_tool" else c["tool"]
-            counts[f"episode/{d}/calls/{tool}/{c['status']}"] += 1.0
+            tool, status = tool_call_segments(c)  # the model's names become keys only through this
+            counts[f"episode/{d}/calls/{tool}/{status}"] += 1.0
         m.update(sorted(counts.items()))
     if episodes:
         m["time/tools"] = max(e["tool_wall_s"] for eps in episodes.values() for e in eps)

@@ -45,6 +45,22 @@ MODES = {"thinking": True, "non_thinking": False}
 
 
 # -- loading ------------------------------------------------------------------------------------------------------
+def is_mode(value: Any) -> bool:
+    """A row's `mode` that names a thinking mode (anything else, a list included, is no mode)."""
+    return isinstance(value, str) and value in MODES
+
+
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in words (for messages about a line that should have been an object)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
 def drop_nulls(value: Any) -> Any:
     """Dict entries whose value is None removed, recursively. Arrow-backed datasets give every message every key any
     message of the column has (None where it had none), and every tool schema every other tool's parameters."""
@@ -71,11 +87,14 @@ def load_conversations(ds_cfg: Mapping, key: str = "algorithm.dataset") -> list[
                 raw = json.loads(line)
             except ValueError as e:
                 raise ConfigError(f"{key}.path={path}: line {n} is not JSON ({e})") from None
+            if not isinstance(raw, dict):  # valid JSON, but a list, string, number or null
+                raise ConfigError(f"{key}.path={path}: line {n} is not a JSON object (it is {json_kind(raw)}); each "
+                                  'line must be one conversation, {"messages": [...]}') from None
             if columns["messages"] not in raw:
                 raise ConfigError(f"{key}.columns.messages: line {n} has no column {columns['messages']!r} "
                                   f"(it has {sorted(raw)})")
             row = {field: raw[col] for field, col in columns.items() if col in raw}
-            if raw.get("mode") in MODES and "mode" not in columns:  # launch.generate's rows say their mode
+            if is_mode(raw.get("mode")) and "mode" not in columns:  # launch.generate's rows say their mode
                 row["mode"] = raw["mode"]
             rows.append(row)
         if not rows:
@@ -200,7 +219,7 @@ class ConversationDataset:
             r = self._sampled_tokens(index, row)
         else:
             kwargs = self.template_kwargs
-            if row.get("mode") in MODES:
+            if is_mode(row.get("mode")):
                 kwargs = {**kwargs, "enable_thinking": MODES[row["mode"]]}
             try:
                 r = render_conversation(self.tokenizer, row["messages"], row.get("tools"), kwargs)

@@ -84,6 +84,9 @@ class Trajectory:
     # advantages and metrics; `rl.advantages.expand_segments` splices the earlier ones in for training, with the
     # episode's reward and advantage. None = one segment (every other sample).
     segments: list["Trajectory"] | None = None
+    # This sample's share of its episode in the seq-mean losses (`rl.losses.aggregate`): 1, or for a context segment
+    # its loss tokens over the episode's, set by `rl.advantages.expand_segments` (an episode weighs one sequence).
+    episode_share: float = 1.0
     # Payload by reference: while this sample travels rollout worker -> reward worker -> driver -> trainer, its
     # HEAVY_FIELDS are None here and this is an object-store reference to them (put by the rollout worker,
     # rollout/worker.py); the trainer ranks and the frozen models fetch their own samples' arrays
@@ -198,6 +201,7 @@ class TrainBatch:
     # float [N]; pi_old recomputed by the trainer before its first update (algorithm.old_logprobs=trainer), else
     # None: pi_old is the engine's inference_logprobs
     old_logprobs: torch.Tensor | None = None
+    episode_share: torch.Tensor | None = None  # float [B]; `Trajectory.episode_share` (None = all 1)
 
     def to(self, device: torch.device | str) -> "TrainBatch":
         for name, value in vars(self).items():
@@ -281,6 +285,9 @@ def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> Train
                 continue
             n, a = t.routed_experts.shape[0], (int(starts[i]) if packed else i * width)
             flat_routes[a : a + n] = torch.from_numpy(t.routed_experts.astype(np.int64))
+            # Every row of a sample's routes is one the engine recorded: __post_init__ holds them to exactly
+            # len(prompt) + len(response) - 1 rows, and the vLLM engine refuses a short answer rather than pad it
+            # (rollout/vllm_engine.py align_routes), so only the batch's padding stays invalid (own routing there).
             flat_valid[a : a + n] = True
 
     inference_logprobs = None  # dataset rows: no engine sampled them
@@ -323,4 +330,5 @@ def collate(trajs: list[Trajectory], pad_id: int, packed: bool = False) -> Train
         teacher_logprobs=teacher_logprobs,
         reward_coef=reward_coef,
         distill_coef=distill_coef,
+        episode_share=torch.tensor([t.episode_share for t in trajs], dtype=torch.float64),  # exact ratios of counts
     )

@@ -74,6 +74,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from rewards.text import log_safe
 from rl.trajectory import Trajectory
 from rollout.episode import Episode, describe, episode_trajectory, renderable, safe_text
 from rollout.sampling import SamplingParams, decode_response
@@ -196,11 +197,12 @@ class AgentRunner:
         system = "\n\n".join(x for x in (self.cfg.system_prompt, self.env.description) if x)
         return [{"role": "system", "content": system}, {"role": "user", "content": str(sample["prompt"])}]
 
-    def _prompt_ids(self, sample: dict, thinking: bool | None = None) -> list[int]:
-        """The episode's first prompt in `thinking` mode (None: agent.thinking)."""
+    def _prompt_ids(self, sample: dict, thinking: bool | None = None, demo: bool | None = None) -> list[int]:
+        """The episode's first prompt in `thinking` mode (None: agent.thinking), with the solved demonstration
+        when `demo` (None: agent.demo)."""
         thinking = self.cfg.thinking if thinking is None else bool(thinking)
         fmt = self.format_for(thinking)
-        demo = self._demo_task(sample) if self.cfg.demo else None
+        demo = self._demo_task(sample) if (self.cfg.demo if demo is None else demo) else None
         text = fmt.initial_prompt(self._messages(demo if demo is not None else sample), self.tools, thinking=thinking)
         if demo is not None:
             text += self._demo_turns(demo, fmt) + fmt.user_text(str(sample["prompt"]))
@@ -260,15 +262,22 @@ class AgentRunner:
             for req in requests:
                 task = self.task_of(req["sample"])
                 thinking = self.cfg.thinking if req.get("thinking") is None else bool(req["thinking"])
-                prompt_ids = self._prompt_ids(task, thinking)
-                if len(prompt_ids) >= self.cfg.max_context_tokens:
+                broken = None
+                try:
+                    prompt_ids = self._prompt_ids(task, thinking)
+                except Exception as exc:  # noqa: BLE001 - the demonstration does not build: its episodes fail
+                    broken, prompt_ids = exc, self._prompt_ids(task, thinking, demo=False)
+                if broken is None and len(prompt_ids) >= self.cfg.max_context_tokens:
                     log.warning("agent task %s: its first prompt is %d tokens, not below max_context_tokens=%d; its "
                                 "episodes end before the first turn (raise the limit or shorten the task)",
-                                task.get("id"), len(prompt_ids), self.cfg.max_context_tokens)
+                                log_safe(task.get("id"), 80), len(prompt_ids), self.cfg.max_context_tokens)
                 for j in range(sp.n):
                     ep = Episode({**req, "task": task}, j, None, prompt_ids, thinking=thinking,
                                  format=self.format_for(thinking), messages=self._messages(task))
                     episodes.append(ep)  # before anything else can fail, so that `finally` closes every session
+                    if broken is not None:
+                        self._fail(ep, "demonstration", broken)
+                        continue
                     try:
                         ep.session = self.env.reset(task)
                     except Exception as exc:  # noqa: BLE001 - the environment's init_state: this episode fails
@@ -359,7 +368,9 @@ class AgentRunner:
     def _fail(self, ep: Episode, where: str, exc: BaseException) -> None:
         """An error inside one episode ends that episode (see the module docstring), never the step."""
         ep.reason, ep.error = "error", f"{where}: {describe(exc)}"
-        log.warning("agent episode %s-%s failed in %s", ep.request.get("group_id"), ep.index, where, exc_info=exc)
+        # one line: the exception may quote the model's turn or a tool's output (where it was raised is on it too)
+        log.warning("agent episode %s-%s failed in %s: %s", log_safe(ep.request.get("group_id"), 80), ep.index, where,
+                    log_safe(exc, 2000))
 
     def _room(self, ep: Episode, sp: SamplingParams) -> int:
         return min(sp.max_new_tokens, self.cfg.max_context_tokens - len(ep.context),
@@ -435,12 +446,15 @@ class AgentRunner:
         episode or spent its session."""
         done = []
         for call in ep.parsed.tool_calls:
-            label = safe_text(call.name)[:80]  # a metric key and a log field: whatever the model named
+            # whatever the model named, as a log field (one line, bounded); `known`: a tool of the environment, the
+            # only names that become metric keys (rl.metric_keys.tool_call_segments), whether the call ran or not
+            label = log_safe(call.name, 80)
+            known = isinstance(call.name, str) and call.name in self.env.tools
             if done and (done[-1][1].final or ep.session.stopped):
-                ep.calls.append({"tool": label, "status": "skipped", "seconds": 0.0})
+                ep.calls.append({"tool": label, "status": "skipped", "seconds": 0.0, "known": known})
                 continue
             res = ep.session.call(call.name, call.arguments, self.cfg.tool_timeout_s)
-            ep.calls.append({"tool": label, "status": res.status, "seconds": round(res.seconds, 4)})
+            ep.calls.append({"tool": label, "status": res.status, "seconds": round(res.seconds, 4), "known": known})
             done.append((call, res))
         return done
 

@@ -87,7 +87,7 @@ class Episode:
     routes: np.ndarray | None = None
     texts: list[str] = field(default_factory=list)  # the model's decoded turns
     transcript: list[str] = field(default_factory=list)  # turns and tool results, for the logs
-    calls: list[dict] = field(default_factory=list)  # {tool, status, seconds}
+    calls: list[dict] = field(default_factory=list)  # {tool (as the model named it, log-safe), status, seconds, known}
     turns: int = 0  # model turns (a context summary is not one)
     generations: int = 0  # engine requests made: with sp.seed, the next one's seed (`AgentRunner._seed`)
     reason: str | None = None  # why it ended: submitted | answer | max_turns | length | tool_timeout | error

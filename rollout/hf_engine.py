@@ -15,6 +15,7 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
+from rewards.text import log_safe
 from rl.attention import generation_attention
 from rl.models import load_causal_lm, load_tokenizer
 from rollout.sampling import Generation, SamplingParams, eos_token_ids, process_logits
@@ -84,8 +85,8 @@ class HFEngine:
                 try:
                     on_samples_done(list(done.items()))
                 except Exception as e:  # noqa: BLE001 - early scoring is an optimisation; generation goes on
-                    log.warning("reporting finished samples failed (%s: %s); the rest are scored after generation",
-                                type(e).__name__, e)
+                    log.warning("reporting finished samples failed (%s); the rest are scored after generation",
+                                log_safe(e, 1000))
                     on_samples_done = None
         return [flat[i * sp.n : (i + 1) * sp.n] for i in range(len(prompts))]
 

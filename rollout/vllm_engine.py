@@ -32,7 +32,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from rl.config import rollout_placement
+from rewards.text import log_safe
+from rl.config import ROLLOUT_DEFAULTS, rollout_placement
 from rl.models import load_tokenizer, to_checkpoint_format
 from rollout.engines import EngineStart
 from rollout.sampling import Generation, SamplingParams, eos_token_ids
@@ -99,14 +100,29 @@ def _finish_reason(completion) -> str:
     return "length" if completion.finish_reason == "length" else "stop"
 
 
+class PrefixCacheNotReset(RuntimeError):
+    """vLLM would not reset its prefix cache after a weight update (requests still running hold KV blocks)."""
+
+
+class RouteRowsMissing(ValueError):
+    """vLLM returned routes for fewer positions than the sequence has (Keep Routing cannot replay them)."""
+
+
 def align_routes(routes: np.ndarray, rows: int, dense_layers: list[int], dtype: np.dtype) -> np.ndarray:
-    """vLLM routed_experts [S, L, K] -> [rows, L, K] in the route dtype with dense-layer rows zeroed."""
+    """vLLM routed_experts [S, L, K] -> [rows, L, K] in the route dtype with dense-layer rows zeroed.
+
+    vLLM 0.26's rows are positions 0, 1, ... of prompt + response (S = rows); extra rows past `rows` are dropped.
+    Fewer rows raise `RouteRowsMissing`: which positions are missing is not known (an engine that disaggregates
+    prefill and decode leaves the prompt's rows out), and every row of a Trajectory's routes is replayed (`collate`
+    marks them all valid), so padding them (zeros: expert 0) would force the trainer onto experts nobody chose."""
     out = np.asarray(routes).astype(dtype, copy=True)
     if out.shape[0] > rows:
         out = out[:rows]
-    elif out.shape[0] < rows:  # never seen; keep the contract (missing rows = no route recorded -> zeros)
-        pad = np.zeros((rows - out.shape[0], *out.shape[1:]), dtype=dtype)
-        out = np.concatenate([out, pad], axis=0)
+    elif out.shape[0] < rows:  # never seen with vLLM 0.26
+        raise RouteRowsMissing(
+            f"Keep Routing: vLLM returned routed_experts for {out.shape[0]} of the sequence's {rows} positions "
+            "(prompt + response - 1); which positions are missing is unknown, so none of them can be replayed. Set "
+            "algorithm.keep_routing=false to train without replaying routes")
     if dense_layers:
         out[:, dense_layers] = 0
     return np.ascontiguousarray(out)
@@ -478,7 +494,24 @@ class VLLMEngine:
             self.llm.collective_rpc(_fp32_head_stale_rpc)
 
     def reset_prefix_cache(self) -> None:
-        self.llm.reset_prefix_cache()
+        """Drop vLLM's prefix cache after a weight change: its KV blocks (and, with Keep Routing, the routes vLLM keeps
+        with them) were computed with the old weights. vLLM answers False and resets nothing while running requests
+        hold blocks; carrying on would let the next requests reuse the old weights' KV, so that raises
+        `PrefixCacheNotReset`. Not retried: the engine core runs in this process (`engine_core_in_process`, and
+        always with tensor parallelism), so nothing a retry could wait for moves between calls. (Nothing runs at a
+        sync today: a rollout worker runs one call at a time, generate() returns with every request done, a stream
+        aborts its requests on close and sleep aborts them; the error guards the callers that change that, e.g.
+        partial rollouts, which must finish or abort their requests before a sync.)"""
+        if self.llm.reset_prefix_cache() is not False:  # vLLM 0.26 returns a bool (True: reset)
+            return
+        try:
+            running = f"{int(self.llm.llm_engine.get_num_unfinished_requests())} requests still running"
+        except Exception:  # noqa: BLE001 - the count only makes the message more precise
+            running = "requests still running"
+        raise PrefixCacheNotReset(
+            f"vLLM did not reset its prefix cache after the weight update (reset_prefix_cache() answered False: "
+            f"{running} hold KV blocks); requests sent now would reuse prefix KV and routes computed with the old "
+            "weights. Let every request finish or abort it before a weight sync")
 
     def load_state_dict(self, state_dict: dict) -> None:
         """CPU fallback (a restarted worker): load HF-named CPU tensors into every vLLM worker."""
@@ -562,8 +595,8 @@ def _watch_steps(engine, prompts: list[list[int]], per_request: int, on_samples_
                     on_samples_done(done)
             except Exception as e:  # noqa: BLE001 - early scoring is an optimisation; generation goes on
                 state["on"] = False
-                log.warning("reporting finished samples during generation failed (%s: %s); the rest are scored "
-                            "after generation", type(e).__name__, e)
+                log.warning("reporting finished samples during generation failed (%s); the rest are scored "
+                            "after generation", log_safe(e, 1000))
         return outputs
 
     engine.step = watched_step
@@ -581,27 +614,28 @@ def build(rcfg: dict, model_cfg: dict, model_path: str, record_routes: bool, see
     """`rollout.engine=vllm` (rl/engine_specs.py): the rollout keys of the config, CUDA IPC weight transfer when
     colocated with the trainer, NCCL when split. `start`: its turn among the instances of its GPU (StartTurn)."""
     k = rcfg.get("logprobs")
+    D = ROLLOUT_DEFAULTS  # a key the config lacks gets the YAML's value (conf/rollout/vllm.yaml)
     return VLLMEngine(
         model_path,
         dtype=model_cfg["dtype"],
-        tensor_parallel_size=int(rcfg.get("tensor_parallel_size", 1)),
-        gpu_memory_utilization=float(rcfg.get("gpu_memory_utilization", 0.4)),
-        enable_sleep_mode=bool(rcfg.get("enable_sleep_mode", False)),
+        tensor_parallel_size=int(rcfg.get("tensor_parallel_size", D["tensor_parallel_size"])),
+        gpu_memory_utilization=float(rcfg.get("gpu_memory_utilization", D["gpu_memory_utilization"])),
+        enable_sleep_mode=bool(rcfg.get("enable_sleep_mode", D["enable_sleep_mode"])),
         max_logprobs=int(k) if k else default_num_logprobs(int(rcfg["top_k"])),
         record_routes=record_routes,
         weight_transfer_backend="ipc" if rollout_placement(rcfg) == "colocated" else "nccl",
         max_model_len=rcfg.get("max_model_len"),
         max_num_seqs=rcfg.get("max_num_seqs"),
-        enforce_eager=bool(rcfg.get("enforce_eager", False)),
-        torch_compile=bool(rcfg.get("compile", True)),
+        enforce_eager=bool(rcfg.get("enforce_eager", D["enforce_eager"])),
+        torch_compile=bool(rcfg.get("compile", D["compile"])),
         seed=seed,
-        per_request_seed=bool(rcfg.get("per_request_seed", False)),
-        capture=str(rcfg.get("capture", "sampler")),
+        per_request_seed=bool(rcfg.get("per_request_seed", D["per_request_seed"])),
+        capture=str(rcfg.get("capture", D["capture"])),
         extra_args=dict(rcfg.get("engine_args") or {}),
-        kept_set_buffer_mb=float(rcfg.get("kept_set_buffer_mb") or 256),
+        kept_set_buffer_mb=float(rcfg.get("kept_set_buffer_mb") or D["kept_set_buffer_mb"]),
         fp32_lm_head=bool(model_cfg.get("fp32_lm_head", False)),
-        engine_core_in_process=str(rcfg.get("engine_core", "in_process")) == "in_process",
+        engine_core_in_process=str(rcfg.get("engine_core", D["engine_core"])) == "in_process",
         start=start,
         bitwise=bitwise,
-        kv_cache_dtype=str(rcfg.get("kv_cache_dtype", "auto")),
+        kv_cache_dtype=str(rcfg.get("kv_cache_dtype", D["kv_cache_dtype"])),
     )

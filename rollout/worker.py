@@ -15,8 +15,9 @@ import time
 import numpy as np
 import ray
 import torch
+from ray.exceptions import GetTimeoutError, RayActorError
 
-from rl.config import bitwise_on_policy, engines_per_gpu
+from rl.config import ROLLOUT_DEFAULTS, bitwise_on_policy, engines_per_gpu
 from rl.engine_specs import engine_spec
 from rl.trajectory import Trajectory
 from rollout.engines import (
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 # waiting, or EARLY_WAIT_S after the last ones went (a call per sample would cost more in overhead than the scoring)
 EARLY_BATCH = 16
 EARLY_WAIT_S = 0.2
+# How long a rollout worker waits for its node's payload holder to take a share's per-token arrays (a copy within the
+# node's object store: well under a second a share) before it keeps them itself
+HOLD_TIMEOUT_S = 120.0
 
 
 class RolloutWorker:
@@ -53,7 +57,8 @@ class RolloutWorker:
         # this instance's wave among those sharing its GPU, as launch.cluster.ActorPool numbers them
         waves = engines_per_gpu(cfg) if engine_spec(self.engine_kind).gpu_memory else 1
         start = EngineStart(wait=lambda: wait_for(after), wave=rank % waves, waves=waves,
-                            plan=bool(rcfg.get("start_plan", True)), plans_before=plans_before,
+                            plan=bool(rcfg.get("start_plan", ROLLOUT_DEFAULTS["start_plan"])),
+                            plans_before=plans_before,
                             record=after is not None)
         self.engine = make_engine(
             rcfg, cfg["model"], model_path, record_routes=bool(cfg["algorithm"]["keep_routing"]),
@@ -64,7 +69,9 @@ class RolloutWorker:
         self.record_kept_set = bool(cfg["algorithm"]["keep_sampling_mask"])
         # Payload by reference (rollout.payload_by_reference): the samples leave with their per-token arrays in the
         # object store. Only inside Ray: a worker built in-process (tests, tools) returns whole samples.
-        self.by_reference = bool(rcfg.get("payload_by_reference", True)) and ray.is_initialized()
+        self.by_reference = (bool(rcfg.get("payload_by_reference", ROLLOUT_DEFAULTS["payload_by_reference"]))
+                             and ray.is_initialized())
+        self.payload_holder = None  # this node's PayloadHolder (`set_payload_holder`), the owner of the arrays
         # Agent domains (an `agent` block): multi-turn episodes against their environment (rollout/agent.py).
         self._agents = {}
         for name, block in cfg["domains"].items():
@@ -82,6 +89,15 @@ class RolloutWorker:
 
     def engine_name(self) -> str:
         return self.engine_kind
+
+    def node_id(self) -> str:
+        """The Ray node this worker runs on (where its payload holder must run)."""
+        return ray.get_runtime_context().get_node_id()
+
+    def set_payload_holder(self, holder) -> None:
+        """`holder`: the `PayloadHolder` actor of this worker's node; the samples' per-token arrays are put by it from
+        now on, so they outlive this worker (`put_heavy`)."""
+        self.payload_holder = holder
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.engine.load_state_dict(state_dict)
@@ -141,8 +157,8 @@ class RolloutWorker:
             for k, i in enumerate(idx):
                 out[i] = trajs[k * n : (k + 1) * n]
         samples = [t for group in out for t in group]
-        if self.by_reference:
-            put_heavy(samples)
+        if self.by_reference and not put_heavy(samples, self.payload_holder):
+            self.payload_holder = None  # gone or hung: not waited for again
         return samples
 
     def _single_turn(self, requests: list[dict], sp, scorer=None) -> list[Trajectory]:
@@ -204,10 +220,31 @@ class RolloutWorker:
         )
 
 
-def put_heavy(samples: list[Trajectory]) -> None:
+def put_heavy(samples: list[Trajectory], holder=None) -> bool:
     """Each sample's per-token arrays (and each earlier context segment's) go to the object store as one object per
-    sample, owned by this worker; the sample keeps the reference (`Trajectory.payload`). One object per sample, so a
-    trainer rank fetches exactly its own samples' arrays, whichever rank the driver's split gives them to."""
-    for t in samples:
-        for part in [*(t.segments or ()), t]:
-            part.payload = ray.put(part.take_heavy())
+    sample; the sample keeps the reference (`Trajectory.payload`). One object per sample, so a trainer rank fetches
+    exactly its own samples' arrays, whichever rank the driver's split gives them to.
+
+    Who owns them decides how long they live: an object dies with its owner (Ray's ownership; Ray 2.56 removed
+    `ray.put(_owner=...)`). `holder`: this node's `rollout.payload_holder.PayloadHolder` (the driver's,
+    launch/cluster.py PayloadHolders), which puts them, so they outlive this worker: the pool replaces a hung or dead
+    worker and retries its share, and the samples it made before (dynamic sampling's earlier rounds, the step that
+    trains next under max_staleness=1) must still train. Costs one more copy within the node's object store (under
+    1 ms a MB on a 2-core CPU machine). Without a holder (a worker outside a Cluster, or a holder that is gone) this
+    worker owns them, as before. Returns whether the holder took them."""
+    parts = [part for t in samples for part in [*(t.segments or ()), t]]
+    heavy = [part.take_heavy() for part in parts]
+    refs = None
+    if holder is not None and heavy:
+        try:
+            refs = ray.get(holder.hold.remote(heavy), timeout=HOLD_TIMEOUT_S)
+        except (RayActorError, GetTimeoutError) as e:
+            log.warning("the payload holder of this node did not take %d samples' per-token arrays (%s): this rollout "
+                        "worker keeps them, and they are lost if it is replaced", len(heavy), type(e).__name__)
+    held = refs is not None
+    if refs is None:
+        refs = [ray.put(h) for h in heavy]
+    for part, ref in zip(parts, refs):
+        part.payload = ref
+    return held or not heavy
+

@@ -70,3 +70,14 @@ def test_advantages_are_constants_of_the_rewards():
     rewards = torch.tensor([1.0, 0.0, 0.5], dtype=D, requires_grad=True)
     for normalize in (False, True):
         assert not grpo_advantages(rewards, torch.tensor([0, 0, 1]), normalize_std=normalize).requires_grad
+
+
+def test_episode_shares_are_loss_token_fractions():
+    """A managed episode's context segments weigh their share of its loss tokens (summing to 1), evenly when it has
+    none; one segment weighs 1 (issue 68 item 6)."""
+    from rl.advantages import episode_shares
+
+    assert episode_shares([5.0]) == [1.0] and episode_shares([0.0]) == [1.0]
+    assert episode_shares([2.0, 3.0, 1.0]) == pytest.approx([2 / 6, 3 / 6, 1 / 6])
+    assert sum(episode_shares([7.0, 1.0, 13.0])) == pytest.approx(1.0, abs=1e-15)
+    assert episode_shares([0.0, 0.0, 0.0, 0.0]) == [0.25] * 4

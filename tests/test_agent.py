@@ -471,3 +471,55 @@ def test_a_hung_tool_is_stopped_and_ends_its_episode(tmp_path, tok):
     assert ep["outcome"]["score"] == 0.0 and "spin was stopped" in ep["outcome"]["reason"]
     time.sleep(0.2)
     assert not [th for th in threading.enumerate() if th.name == "tool-spin"]
+
+
+def test_episode_errors_and_task_ids_from_a_sample_are_logged_as_one_escaped_line(tok):
+    """What an episode's failure or a task carries (an exception raised over the model's turn, a task id) reaches the
+    run's log as one line per record with its escapes visible: no forged "step 99" line, no terminal escape."""
+    from test_rewards_compose import RunLog, assert_one_line_each
+
+    evil = "turn\nstep 99 reward 1.000\r\x1b[2K\u2028step 100 reward 1.000"
+    runner = _runner(ScriptedEngine(tok, [f"I will not call a tool.{evil}"]), tok)
+
+    def parse_or_raise(text):
+        raise ValueError(f"cannot parse the model's turn {text!s}")  # a parser bug quoting the turn
+
+    runner.format.parse = parse_or_raise
+    with RunLog(("rollout.agent",)) as log:
+        (t,) = runner.run([_request()], SP)
+        runner = _runner(ScriptedEngine(tok, [LOOKUP]), tok, max_context_tokens=32)
+        runner.run([{**_request(), "sample": {"id": f"task{evil}", "prompt": "p"}}],
+                   SamplingParams(n=1, max_new_tokens=8))
+    assert t.episode["termination"] == "error" and "step 99 reward 1.000" in t.episode["error"]
+    assert log.records >= 2
+    assert_one_line_each(log.text(), log.records)
+    assert log.text().count("\\nstep 99 reward 1.000\\r\\x1b[2K\\u2028step 100") >= 2
+
+
+def test_a_skipped_calls_name_makes_no_metric_key(tok):
+    """Every metric key made from model text goes through one bounding: a call of a tool the environment does not
+    have counts under `_unknown` whether it ran (unknown_tool) or was skipped (here: after the turn's submit), so a
+    name with "/", "..", a newline or 10 000 characters neither invents a key nor breaks the key's path."""
+    import json
+
+    from rl.metric_keys import row_of
+    from rl.metrics import agent_metrics
+
+    evil = "a/b/../c\nstep 99 reward 1.000/" + "x" * 10_000
+    turn = "\n".join([SUBMIT, _call("lookup", '{"key": "alpha"}'),
+                      f'<tool_call>\n{{"name": {json.dumps(evil)}, "arguments": {{}}}}\n</tool_call>',
+                      f'<tool_call>\n{{"name": {json.dumps("lookup/../x")}, "arguments": {{}}}}\n</tool_call>'])
+    sp = dataclasses.replace(SP, max_new_tokens=30_000)
+    runner = _runner(ScriptedEngine(tok, [turn]), tok, max_context_tokens=40_000, max_episode_tokens=30_000)
+    (t,) = runner.run([_request()], sp)
+    calls = t.episode["calls"]
+    assert [c["status"] for c in calls] == ["ok", "skipped", "skipped", "skipped"]
+    m = agent_metrics([t], ["agent"])
+    for k in m:
+        assert row_of(k) is not None and len(k) < 120 and k.isprintable() and ".." not in k, k
+    call_keys = sorted(k for k in m if "/calls/" in k)
+    assert call_keys == ["episode/agent/calls/_unknown/skipped", "episode/agent/calls/lookup/skipped",
+                         "episode/agent/calls/submit_result/ok"]
+    assert m["episode/agent/calls/_unknown/skipped"] == 2.0
+    for c in calls:  # the record keeps what the model named, bounded, on one line (it is also a log field)
+        assert len(c["tool"]) <= 80 and len(c["tool"].splitlines()) == 1

@@ -459,6 +459,12 @@ def test_split_on_gpu_shares_loads_the_trainer_while_vllm_starts(ray_local, monk
         def engine_name(self):
             return "hf"  # no GPU weight sync to set up
 
+        def node_id(self):  # a rollout worker's: its node's payload holder (launch.cluster.PayloadHolders)
+            return ray.get_runtime_context().get_node_id()
+
+        def set_payload_holder(self, holder):
+            pass
+
     class RolloutStandIn(RoleStandIn):
         """A vLLM instance whose start lasts until the trainer exists (at most 120 s: a loaded machine starts
         processes slowly) and then until it loads (at most 3 s more): the log shows which came first."""

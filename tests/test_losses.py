@@ -333,14 +333,19 @@ def test_truncated_importance_weight():
     torch.testing.assert_close(w, t([1.0, 2.0, math.exp(-2.0)]))  # e^1 > 2 is capped
 
 
-def test_importance_weight_scales_the_policy_gradient_only():
+def test_importance_weight_scales_the_policy_gradient_and_the_unbiased_kl():
+    """The TIS weight (pi_old recomputed by the trainer) corrects both terms for the engine's sampling (issue 68;
+    it scaled the policy gradient only before); the plain K3, which corrects no off-policyness, takes none."""
     kw = dict(eps_low=0.2, eps_high=0.2, aggregation="token_mean", norm_seqs=1, norm_tokens=2)
     args = (t([-1.0, -2.0]), t([-1.1, -1.9]), t([-1.5, -1.5]), torch.tensor([0, 0]), t([1.0, 1.0]), t([1.0]),
             t([0.3]), t([float("inf")]))
     _, plain = grpo_loss(*args, **kw)
     _, weighted = grpo_loss(*args, **kw, is_weight=t([0.5, 0.5]))
     assert weighted["pg_loss"].item() == pytest.approx(0.5 * plain["pg_loss"].item())
-    assert weighted["kl_loss"].item() == pytest.approx(plain["kl_loss"].item())
+    assert weighted["kl_loss"].item() == pytest.approx(0.5 * plain["kl_loss"].item())
+    _, plain_k3 = grpo_loss(*args, **kw, unbiased_kl=False)
+    _, weighted_k3 = grpo_loss(*args, **kw, unbiased_kl=False, is_weight=t([0.5, 0.5]))
+    assert weighted_k3["kl_loss"].item() == pytest.approx(plain_k3["kl_loss"].item())
 
 
 # ---------------------------------------------------------------- issue 41: values no earlier test checked
@@ -349,7 +354,8 @@ def test_importance_weight_scales_the_policy_gradient_only():
 def test_grpo_loss_stats_against_loop():
     """Every stat of grpo_loss against a hand computation on a batch that has clipped tokens both inside and
     outside the loss mask (so the clip count is the masked share, not all clipped tokens) and an OPSM-masked
-    sample: clip_tok_sum, tok_sum, log_ratio_seq (mean log(pi_old/pi_theta) per sample, OPSM's statistic),
+    sample: clip_tok_sum, tok_sum, log_ratio_seq (mean log(pi_old/pi_theta) per sample, OPSM's statistic, with
+    pi_old = the sampling logprobs: old_logprobs when no sampling_logprobs are given),
     kl_seq, opsm_keep, and pg_loss / kl_loss each on its own."""
     logp, old, ref, seq, mask, adv, beta, delta = _random_batch(1)
     eps_low, eps_high, G, T = 0.2, 0.28, 16, 200
@@ -452,3 +458,62 @@ def test_opsm_negative_advantage_is_strictly_below_minus_tolerance():
     lp, old = t([-3.0, -3.0]), t([-1.0, -1.0])  # drift 2 > delta
     keep = opsm_keep(t([-ADV_TOL, -2 * ADV_TOL]), lp, old, torch.tensor([0, 1]), t([1.0, 1.0]), t([0.5, 0.5]))
     assert keep.tolist() == [True, False]
+
+
+# ---------------------------------------------------------------- pi_old choices, episode shares (issue 68)
+
+
+def test_opsm_reads_sampling_logprobs_not_the_ratios_pi_old():
+    """grpo_loss(sampling_logprobs=...): OPSM's statistic (and log_ratio_seq) is mean_t log(pi_sampling/pi_theta)
+    whatever pi_old the ratio uses; the ratio and clipping still read old_logprobs. None = old_logprobs."""
+    seq = torch.zeros(3, dtype=torch.long)
+    logp, old, engine = t([-3.0] * 3), t([-3.0] * 3), t([-0.5] * 3)
+    kw = dict(eps_low=0.2, eps_high=0.2, norm_seqs=1, norm_tokens=3)
+    args = (seq, torch.ones(3, dtype=D), t([-1.0]), t([0.0]), t([1.0]))
+    _, same = grpo_loss(logp, old, None, *args, **kw)
+    _, stats = grpo_loss(logp, old, None, *args, sampling_logprobs=engine, **kw)
+    assert same["opsm_keep"].tolist() == [True] and stats["opsm_keep"].tolist() == [False]
+    assert stats["log_ratio_seq"].item() == pytest.approx(2.5) and stats["clip_tok_sum"].item() == 0
+
+
+def test_unbiased_kl_carries_the_importance_weight():
+    """With is_weight w: D_t = w_t * (pi_theta/pi_old) * k3_t, w detached; uncapped (w = pi_old/pi_engine) that is
+    the estimator against the engine's logprobs, with the same gradient. The plain K3 takes no weight."""
+    logp = t([-1.0, -2.0, -0.3]).requires_grad_()
+    old, engine, ref = t([-1.2, -1.7, -0.2]), t([-0.9, -2.4, -0.6]), t([-0.5, -2.2, -1.0])
+    seq, mask = torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=D)
+    kw = dict(eps_low=0.2, eps_high=0.2, norm_seqs=1, norm_tokens=3)
+    args = (seq, mask, t([0.0]), t([0.7]), t([math.inf]))
+    w = torch.exp(old - engine)
+    loss, _ = grpo_loss(logp, old, ref, *args, is_weight=w, sampling_logprobs=engine, **kw)
+    want = 0.7 * unbiased_k3_kl(logp, ref, engine).mean()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-12)
+    (g,) = torch.autograd.grad(loss, logp)
+    (want_g,) = torch.autograd.grad(want, logp)
+    torch.testing.assert_close(g, want_g, rtol=1e-12, atol=0)
+    plain, _ = grpo_loss(logp, old, ref, *args, is_weight=w, unbiased_kl=False, **kw)
+    assert plain.item() == pytest.approx(0.7 * k3_kl(logp, ref).mean().item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"])
+def test_aggregate_with_episode_shares_against_a_loop(aggregation):
+    """seq_mean_token_mean: sum_i s_i seq_mean_i / norm_seqs; seq_mean_token_sum: sum_i seq_sum_i / norm_seqs (the
+    share only enters its normaliser); token_mean ignores shares. Shares of 1 change nothing, bit for bit."""
+    g = torch.Generator().manual_seed(5)
+    seq = torch.sort(torch.randint(0, 6, (40,), generator=g)).values
+    x = torch.randn(40, generator=g, dtype=D)
+    mask = (torch.rand(40, generator=g) > 0.3).to(D)
+    share = t([0.25, 0.75, 1.0, 0.5, 0.5, 1.0])
+    got = aggregate(x, seq, mask, 6, aggregation, 4.0, 50, share)
+    want = 0.0
+    for i in range(6):
+        vals = [x[j].item() for j in range(40) if seq[j] == i and mask[j] > 0]
+        if aggregation == "seq_mean_token_mean":
+            want += share[i].item() * (sum(vals) / len(vals) if vals else 0.0) / 4.0
+        elif aggregation == "seq_mean_token_sum":
+            want += sum(vals) / 4.0
+        else:
+            want += sum(vals) / 50
+    assert got.item() == pytest.approx(want, rel=1e-12, abs=1e-15)
+    ones = aggregate(x, seq, mask, 6, aggregation, 4.0, 50, torch.ones(6, dtype=D))
+    assert torch.equal(ones, aggregate(x, seq, mask, 6, aggregation, 4.0, 50))

@@ -77,3 +77,30 @@ def test_a_real_runs_keys_are_the_table(quick_start_run):
     for row in quick_start_run.rows:  # every-step rows are on every step (null allowed where the row says)
         rows_here = {row_of(k) for k in row}
         assert [p for p in always if p not in rows_here] == [], row["step"]
+
+
+def test_tool_names_from_the_model_become_keys_only_when_plain_and_known():
+    """rl.metric_keys.key_segment is the one bounding of key segments made from model text (a call's tool name):
+    a tool the environment does not have (run or skipped) and any name that is not a plain segment count as
+    `_unknown`; records made before the `known` flag still count unknown_tool calls there."""
+    from rl.metric_keys import key_segment
+    from rl.metrics import agent_metrics
+
+    calls = [{"tool": "lookup", "status": "ok", "seconds": 0.1, "known": True},
+             {"tool": "lookup", "status": "skipped", "seconds": 0.0, "known": True},
+             {"tool": "fly", "status": "skipped", "seconds": 0.0, "known": False},  # no such tool, not run
+             {"tool": "fly", "status": "unknown_tool", "seconds": 0.0},  # an older record: no `known`
+             {"tool": "a/b/../c", "status": "skipped", "seconds": 0.0},
+             {"tool": "x\nstep 99 reward 1.000", "status": "skipped", "seconds": 0.0},
+             {"tool": "x" * 10_000, "status": "skipped", "seconds": 0.0},
+             {"tool": "..", "status": "skipped", "seconds": 0.0}]
+    episode = {"env": "smoke", "turns": 1, "calls": calls, "generated_tokens": 9, "tool_tokens": 4,
+               "outcome": {"score": 0.0}, "termination": "submitted", "tool_wall_s": 0.2}
+    m = agent_metrics([_traj("b1", "agent", 0.0, episode)], ["agent"])
+    counts = {k: v for k, v in m.items() if "/calls/" in k}
+    assert counts == {"episode/agent/calls/lookup/ok": 1.0, "episode/agent/calls/lookup/skipped": 1.0,
+                      "episode/agent/calls/_unknown/skipped": 5.0, "episode/agent/calls/_unknown/unknown_tool": 1.0}
+    assert all(row_of(k) for k in m)
+    assert key_segment("submit_result") == "submit_result" and key_segment("web.search-v2") == "web.search-v2"
+    assert key_segment("lookup", known=False) == key_segment(".hidden") == key_segment(None) == "_unknown"
+    assert key_segment("é") == key_segment("") == key_segment("a" * 65) == "_unknown"

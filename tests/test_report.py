@@ -118,6 +118,57 @@ def test_ticks_are_round_and_their_labels_distinct():
     assert report.nice_ticks(1, 12, 6, integer=True) == [0, 2, 4, 6, 8, 10, 12]
 
 
+def test_numbers_past_float_range_are_skipped_and_the_rest_is_drawn(tmp_path):
+    """Reliability round 4, item 8: an int past float range (10**400, as a value or a step), subnormals and a
+    series spanning -1e308..1e308 used to end the report with a traceback (OverflowError / ValueError)."""
+    huge = 10 ** 400
+    rows = ['{"step": 1, "reward/mean": 0.1, "kl/code": 5e-324, "grad_norm": -1e308, "entropy/mean": 1.0}',
+            '{"step": 2, "reward/mean": %d, "kl/code": 0, "grad_norm": 1e308, "entropy/mean": 1.0000000000000002}'
+            % huge,
+            '{"step": 3, "reward/mean": 0.3, "kl/code": 1e-323, "grad_norm": 1.7e308, "entropy/mean": 1.0}',
+            '{"step": 4, "reward/mean": 0.4, "kl/code": 0, "grad_norm": -1.7e308, "entropy/mean": 1.0}',
+            '{"step": %d, "reward/mean": 0.5}' % huge]  # a step past float range: an unreadable line
+    run = write_run(tmp_path / "run", rows)
+    loaded = load_run(run)
+    assert len(loaded.rows) == 4 and loaded.skipped == 1
+    # the unrepresentable value is left out; the rest of the series stays
+    assert series(loaded, "reward/mean") == [(1, 0.1), (3, 0.3), (4, 0.4)]
+    figs = figures(write_report([run]).read_text())
+    for group, n in [("reward per domain", 3), ("KL", 4), ("grad norm", 4), ("entropy", 4)]:
+        assert paths(figs[group]) == [n], group
+        coords = [float(c) for c in re.findall(r"-?[\d.]+", re.search(r'<path d="([^"]*)"', figs[group])[1])]
+        assert all(math.isfinite(c) and -1 <= c <= report.W + 1 for c in coords), (group, coords)
+    # steps far apart (x spans -1e308..1e308) draw too
+    wide = write_run(tmp_path / "wide", [{"step": -1e308, "reward/mean": 0.1}, {"step": 0, "reward/mean": 0.2},
+                                         {"step": 1.7e308, "reward/mean": 0.3}])
+    assert paths(figures(write_report([wide]).read_text())["reward per domain"]) == [3]
+
+
+def test_ticks_cover_extreme_and_tiny_ranges():
+    for lo, hi in [(-1e308, 1e308), (-1.7e308, 1.7e308), (0.0, 5e-324), (5e-324, 1e-323), (0.0, 1e-13),
+                   (1.0, 1.0000000000000002), (1.7e308, 1.7e308), (-1.7e308, -1.7e308)]:
+        ticks = report.nice_ticks(lo, hi)
+        assert all(math.isfinite(t) for t in ticks) and ticks == sorted(set(ticks)) and len(ticks) >= 2, (lo, hi)
+        assert ticks[0] <= lo and ticks[-1] >= hi, (lo, hi, ticks)
+        [report.tick_label(t, ticks[1] - ticks[0]) for t in ticks]
+
+
+def test_a_symlink_planted_at_the_temporary_path_is_not_followed(tmp_path):
+    """Item 8: the page used to be written through `report.html.tmp`, a predictable name: a symlink planted there
+    had its target overwritten. The page must land in report.html and the link's target stay as it was."""
+    run = write_run(tmp_path / "run", [{"step": 1, "reward/mean": 0.1}, {"step": 2, "reward/mean": 0.2}])
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    for name in ("report.html.tmp", ".report.html.tmp"):
+        (run / name).symlink_to(victim)
+    out = write_report([run])
+    assert victim.read_text() == "precious\n"
+    assert out == run / "report.html" and not out.is_symlink() and out.read_text().startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in run.iterdir()) == [".report.html.tmp", "metrics.jsonl", "report.html",
+                                                      "report.html.tmp"]  # no temporary file is left behind
+    assert os.stat(out).st_mode & 0o444 == 0o444  # readable like a page written by write_text
+
+
 def test_the_summary_names_the_report_and_its_command(tmp_path):
     cfg = {"logger": {"mode": "disabled", "progress_bar": False, "save_rollouts": False}}
     tracker = Tracker(cfg, tmp_path / "run", total_steps=2, start_step=0, resume=False)

@@ -155,3 +155,46 @@ def test_bundled_code_problems_pass_with_reference_solutions(composer):
     # ...and a wrong program fails them
     wrong = composer.score([traj("print('nope')", rows[0]["tests"], "w")])[0]
     assert wrong.reward == 0.0
+
+
+# ------------------------------------------------------------------------- issue 67: prelude and null inputs
+LEETCODE = ("class Solution:\n    def topTwo(self, nums: List[int]) -> Optional[List[int]]:\n"
+            "        c = Counter(nums)\n        return [k for k, _ in c.most_common(2)] if nums else None\n"
+            "    def dist(self, edges: List[Tuple[int, int]]) -> int:\n        g = defaultdict(list)\n"
+            "        for a, b in edges:\n            g[a].append(b)\n        q, seen = deque([0]), {0}\n"
+            "        while q:\n            for v in g[heappop([q.popleft()])]:\n"
+            "                if v not in seen:\n                    seen.add(v)\n                    q.append(v)\n"
+            "        return len(seen)")
+LEETCODE_TESTS = {"type": "assert", "code": "s = Solution()\nassert s.topTwo([1, 1, 2, 3, 3, 3]) == [3, 1]\n"
+                                            "assert s.topTwo([]) is None\nassert s.dist([(0, 1), (1, 2), (5, 6)]) == 3"}
+
+
+def test_a_prelude_gives_leetcode_style_solutions_their_names():
+    plain = RewardComposer({"code": [{"name": "code"}]}, {"num_workers": 1, "code": LIMITS}, 1024)
+    typed = RewardComposer({"code": [{"name": "code", "prelude": "typing"}]}, {"num_workers": 1, "code": LIMITS}, 1024)
+    own = RewardComposer({"code": [{"name": "code", "prelude": "from typing import List, Optional, Tuple\n"
+                                    "from collections import Counter, defaultdict, deque\nfrom heapq import heappop"}]},
+                         {"num_workers": 1, "code": LIMITS}, 1024)
+    try:
+        (t,) = plain.score([traj(LEETCODE, LEETCODE_TESTS)])
+        assert t.reward == 0.0 and t.reward_error is None  # NameError: List (off by default)
+        for c in (typed, own):
+            (t,) = c.score([traj(LEETCODE, LEETCODE_TESTS)])
+            assert (t.reward, t.reward_error) == (1.0, None)
+        # stdio programs get it too
+        (t,) = typed.score([traj("print(sum(List.__name__ == 'List' for _ in [0]) + 2)", ADD_TESTS)])
+        assert t.reward == 0.5  # prints 3: the first case's answer
+    finally:
+        for c in (plain, typed, own):
+            c.close()
+    with pytest.raises(ValueError, match="prelude"):
+        RewardComposer({"code": [{"name": "code", "prelude": "  "}]}, {"code": LIMITS}, 1024)
+
+
+@pytest.mark.parametrize("case", [{"input": None, "output": "3"}, {"input": "1 2", "output": None},
+                                  {"input": ["1", "2"], "output": "3"}, {"input": True, "output": "3"}, "1 2"])
+def test_a_stdio_case_without_string_input_or_output_is_a_data_error(composer, case):
+    (t,) = composer.score([traj("print(3)", {"type": "stdio", "cases": [case]})])
+    assert t.reward == 0.0 and t.reward_failed and "stdio case 0" in t.reward_error, t.reward_error
+    (t,) = composer.score([traj("print(3)", {"type": "stdio", "cases": [{"input": 12, "output": 3}]})])
+    assert t.reward == 1.0  # numbers are their text

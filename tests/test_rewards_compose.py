@@ -1,5 +1,6 @@
 """Composition: weights, config errors, a raising part, a hanging part (killed, run goes on), worker wrapper."""
 
+import logging
 import threading
 import time
 
@@ -268,8 +269,6 @@ def test_score_takes_its_groups_queued_samples_with_the_rest(monkeypatch):
 def test_zeros_with_a_reason_warn_once_per_part(caplog):
     """A part's zeros with a reason (an answer in the wrong format: expected, not a failure) are a warning the first
     time and INFO after: samples scored during generation come in many small batches per step."""
-    import logging
-
     c = RewardComposer({"math": [{"name": "math"}]}, {"num_workers": 1}, 10)
     with caplog.at_level(logging.INFO, logger="rewards.compose"):
         for _ in range(3):
@@ -278,3 +277,143 @@ def test_zeros_with_a_reason_warn_once_per_part(caplog):
     lines = [r for r in caplog.records if "scored 0 with a reason" in r.getMessage()]
     assert [r.levelno for r in lines] == [logging.WARNING, logging.INFO, logging.INFO]
     c.close()
+
+
+# ------------------------------------------------------------------ sample text in the run's log (item 5)
+# A reason that quotes a program's stderr or the submission must not forge lines of train.log (a fake "step 99 reward
+# 1.000" line), erase console lines (ESC[2K) or flood it: one record, one line, escapes visible, bounded.
+STDERR = ("runtime_error: Traceback (most recent call last):\nstep 99 reward 1.000\n\rstep 100 reward 1.000"
+          "\x1b[2K\x1b[1A\u2028step 101 reward 1.000\x85done")
+
+
+def _stderr_zero(view, params):
+    from rewards.spec import RewardZero
+
+    raise RewardZero(STDERR)  # an expected zero whose reason is what the program printed
+
+
+def _stderr_fail(view, params):
+    raise RuntimeError(f"sandbox setup failed: {STDERR}")  # a failed part, its message from stderr
+
+
+def _huge_reason(view, params):
+    from rewards.spec import RewardZero
+
+    raise RewardZero("x\n" * 50_000)
+
+
+class _RaisingJudge:
+    def score(self, requests):
+        raise RuntimeError(STDERR)
+
+
+class RunLog(logging.Handler):
+    """The run's own log handler (launch/worker_logs.py) on the given loggers, writing to a string; also counts the
+    records it wrote."""
+
+    def __init__(self, logger_names=("rewards.compose",)):
+        import io
+
+        from launch.worker_logs import run_log_handler
+
+        super().__init__(logging.INFO)
+        self.stream = io.StringIO()
+        self.inner, self.records = run_log_handler(self.stream), 0
+        self.loggers = [logging.getLogger(n) for n in logger_names]
+
+    def emit(self, record):
+        self.records += 1
+        self.inner.emit(record)
+
+    def text(self) -> str:
+        return self.stream.getvalue()
+
+    def __enter__(self) -> "RunLog":
+        self.levels = [lg.level for lg in self.loggers]
+        for lg in self.loggers:
+            lg.addHandler(self)
+            lg.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for lg, level in zip(self.loggers, self.levels):
+            lg.removeHandler(self)
+            lg.setLevel(level)
+
+
+def assert_one_line_each(text: str, records: int, forged=("step 99", "step 100", "step 101")):
+    """`records` log records wrote exactly `records` lines (as any reader splits lines, \\r, \\u2028, \\x85
+    included), no line starts with a forged entry, and the escapes are visible."""
+    lines = text.splitlines()
+    assert len(lines) == records, lines
+    assert not any(line.lstrip().startswith(forged) for line in lines)
+    assert "\x1b" not in text and "\r" not in text
+
+
+def test_reward_reasons_from_a_sample_are_logged_as_one_escaped_line(monkeypatch):
+    monkeypatch.setitem(registry.REWARDS, "stderr_zero", RewardSpec(_stderr_zero))
+    monkeypatch.setitem(registry.REWARDS, "stderr_fail", RewardSpec(_stderr_fail))
+    monkeypatch.setitem(registry.REWARDS, "huge_reason", RewardSpec(_huge_reason))
+    domains = {"code": [{"name": "stderr_zero"}, {"name": "stderr_fail"}, {"name": "huge_reason"}],
+               "agent": [{"name": "env_verifier"}], "general": [{"name": "rubric_judge"}]}
+    verifier_zero = traj("done", domain="agent", uid="v0")  # the verifier's reason quotes the submission
+    verifier_zero.episode = {"outcome": {"score": 0.0, "reason": f"submitted {STDERR!s}"}}
+    verifier_error = traj("done", domain="agent", uid="v1")  # the verifier raised over the submission
+    verifier_error.episode = {"outcome": {"score": 0.0, "error": f"ValueError: {STDERR}"}}
+    judged = traj("Blue.", domain="general", uid="j0", sample={"prompt": "q", "rubric": [{"criterion": "c"}]})
+    unknown = traj("x", domain="agent\nstep 99 reward 1.000", uid="u0")
+    with RunLog() as log, RewardComposer(domains, {}, 16, judge=_RaisingJudge()) as c:
+        trajs = c.score([traj("print(1)", domain="code", uid="c0"), verifier_zero, verifier_error, judged, unknown])
+        text = log.text()
+    assert log.records == 8
+    # records: the unknown domain, the judge call's failure, then per sample the failed parts (code, verifier,
+    # judge), and one "scored 0 with a reason" per part with expected zeros (stderr_zero, huge_reason, env_verifier)
+    assert_one_line_each(text, 8)
+    assert text.count("\\nstep 99 reward 1.000\\n\\rstep 100 reward 1.000\\x1b[2K") >= 5
+    assert "\\u2028step 101" in text and "\\x85done" in text
+    assert max(len(line) for line in text.splitlines()) < 1000  # the 100 000-character reason is bounded
+    # the stored reason stays the text itself (rollouts/*.jsonl escapes it as JSON; people read it there)
+    assert "\nstep 99 reward 1.000\n\r" in trajs[0].reward_error and STDERR in trajs[1].reward_error
+
+
+def test_log_safe_escapes_every_line_break_and_control_and_bounds_the_length():
+    from rewards.text import log_safe
+
+    assert log_safe("plain text, café 中文 \\boxed{1}") == "plain text, café 中文 \\boxed{1}"  # unchanged
+    out = log_safe(STDERR + "\x0b\x0c\x1c\x1d\x1e\u2029\u202e\x00\ud800\t")
+    assert len(out.splitlines()) == 1 and out.isprintable()
+    for shown in ("\\n", "\\r", "\\x1b[2K", "\\u2028", "\\x85", "\\x0b", "\\u2029", "\\u202e", "\\x00", "\\ud800",
+                  "\\t"):
+        assert shown in out
+    out = log_safe("\n" * 10_000, 200)
+    assert len(out) <= 200 and out.endswith("(10000 characters)") and out.startswith("\\n\\n")
+    assert len(log_safe("x" * 10**6)) <= 300
+    try:
+        raise ValueError("bad turn\nstep 99 reward 1.000")
+    except ValueError as exc:
+        out = log_safe(exc, 1000)
+    assert out.startswith("ValueError: bad turn\\nstep 99") and "test_rewards_compose.py" in out
+    assert len(out.splitlines()) == 1
+    assert log_safe(b"a\nb") == "a\\nb" and log_safe(None) == "None"
+
+
+def test_an_early_scoring_failure_is_logged_as_one_escaped_line(monkeypatch):
+    """The reward worker's scoring thread logs an error that escaped the composer (it may quote a sample) on one
+    line, where it was raised included; the samples are scored again with their share."""
+    w = RewardWorker({"domains": {"logic": {"rewards": [{"name": "exact_match", "weight": 1.0}]}}, "rewards": {},
+                      "rollout": {"max_new_tokens": 64}})
+    real_score = w.composer.score
+
+    def broken(trajs):
+        raise RuntimeError(f"bad sample {STDERR}")
+
+    monkeypatch.setattr(w.composer, "score", broken)
+    with RunLog(("rewards.worker",)) as log:
+        assert w.prescore([_said("Answer: 42")]) == 1
+        assert w.early_stats()["kept"] == 0
+    assert log.records == 1
+    assert_one_line_each(log.text(), 1)
+    assert "bad sample runtime_error" in log.text() and "test_rewards_compose.py" in log.text()
+    monkeypatch.setattr(w.composer, "score", real_score)
+    assert w.score([_said("Answer: 42")])[0].reward == 1.0
+    w.close()

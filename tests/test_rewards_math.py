@@ -11,6 +11,10 @@ import time
 import numpy as np
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fuzz_strategies import FUZZ
 
 from rewards.compose import RewardComposer
 from rewards.math_reward import math_verify_reward
@@ -273,3 +277,193 @@ def test_plain_answers_never_reach_the_pool(composer, monkeypatch):
     trajs = composer.score([traj(t, a, uid=str(i)) for i, (t, a) in enumerate(cases)])
     assert [t.reward for t in trajs] == [1.0, 0.0, 1.0, 0.0]
     assert len(sent) == 1  # only the 0.333-vs-1/3 sample needed math-verify
+
+
+# ------------------------------------------------------------------ issue 67: what math-verify reads of a long answer
+# Filler with no digit, no math and no "answer": it can never be read as an answer (as in verl's GSM8k tests).
+_FILLER = "the reasoning above confirms this result is consistent. "
+
+
+def _filler(n: int) -> str:
+    return (_FILLER * (n // len(_FILLER) + 1))[:n]
+
+
+# Filler that holds numbers (a model keeps talking): math-verify still prefers a box or an "answer" before it.
+_TALK = "In 3 steps we checked 7 cases and 12 more. "
+
+
+def _talk(n: int) -> str:
+    return (_TALK * (n // len(_TALK) + 1))[:n]
+
+
+def _cut_at(answer: str, k: int, window: int = 4000) -> str:
+    """`answer` followed by filler so that the last `window` characters start at answer[k:]."""
+    return answer + _filler(window - (len(answer) - k))
+
+
+WINDOW_CASES = [  # (response, reference, score) through the composer, default max_answer_chars=4000
+    (_cut_at("\\boxed{142}", 8), "42", 0.0),  # the window started inside the box and read "42}": it paid 1
+    (_cut_at("\\boxed{142}", 8), "142", 1.0),  # ... and 0 for the right answer
+    (_cut_at("\\boxed{-42}", 8), "42", 0.0),  # a cut after the minus sign
+    (_cut_at("$\\frac{1}{42}$", 10), "42", 0.0),  # a cut inside a fraction
+    (_cut_at("The answer is 142.", 15), "42", 0.0),
+    (_cut_at("The answer is 142.", 15), "142", 1.0),
+    ("\\boxed{42}" + _filler(4000), "42", 1.0),  # a right answer followed by 4000 characters scored 0
+    ("\\boxed{42}" + _talk(4000), "42", 1.0),  # ... even when they hold numbers: the box outranks them
+    ("The answer is 42." + _talk(4000), "42", 1.0),  # "answer ... 42" outranks later plain numbers
+    ("Answer: 7" + _talk(4000) + " 42 in the end.", "42", 0.0),  # ... so a later 42 does not pay a wrong answer
+    ("2 + 40 = 42.\n#### 42\n" + _filler(4000), "42", 1.0),  # the last thing math-verify can read is before the window
+    (_filler(4000) + "The answer is 1234567890123456789", "1234567890123456789", 1.0),
+    (_filler(3990) + "\\boxed{1234567890123456789}" + _filler(10), "3456789", 0.0),
+]
+
+
+def test_window_never_grades_a_fragment(composer):
+    trajs = composer.score([traj(t, a, uid=str(i)) for i, (t, a, _) in enumerate(WINDOW_CASES)])
+    got = [t.reward for t in trajs]
+    want = [s for *_, s in WINDOW_CASES]
+    assert got == want, [(i, g, w, t.reward_error) for i, (g, w, t) in enumerate(zip(got, want, trajs)) if g != w]
+
+
+def _score_both(text: str, gold: str, max_chars: int) -> tuple[float, float | None]:
+    """(math-verify's score in this process, the in-process shortcut's score or None) at this window size."""
+    from rewards.math_reward import fast_math_check
+
+    view = _view(text, gold)
+    params = {"max_answer_chars": max_chars, "inner_timeout_s": 5}
+    return _slow_score(view, params), fast_math_check(view, params)
+
+
+# The final answer written the ways models write it; {v} is the value.
+_FORMS = ["\\boxed{{{v}}}", "$\\boxed{{{v}}}$", "The final answer is ${v}$. I hope it is correct.", "Answer: {v}",
+          "**Answer:** {v}", "the answer is ${v}$.", "so it is {v}.", "we get ${v}$", "\\[ {v} \\]", "$$ {v} $$",
+          "#### {v}"]
+# Wrong values whose tail is the right one: what a window starting inside them would read.
+_WRONG = ["1{t}", "9{t}", "-{t}", "2.{t}", "{t}{t}"]
+_PROSE = st.sampled_from(["so", "we", "check", "the", "sum", "again", "thus", "it", "holds", "then", "more", "text",
+                          ".", ",", ":", "!", "\n", "\n\n", "is", "clear", "fine"])
+_PROSE_WITH_MATH = st.one_of(_PROSE, st.sampled_from(["$x$", "\\alpha", "$$y$$", "\\(z\\)", "let $a$ be"]))
+
+
+@settings(FUZZ, max_examples=120)
+@given(data=st.data(), truth=st.integers(1, 10 ** 7), form=st.sampled_from(_FORMS),
+       wrong=st.one_of(st.none(), st.sampled_from(_WRONG)),
+       before=st.lists(_PROSE_WITH_MATH, max_size=40), before_reps=st.sampled_from([1, 1, 1, 30, 120]),
+       after=st.lists(_PROSE, max_size=40), after_reps=st.sampled_from([1, 1, 1, 30, 120]))
+def test_no_window_cut_changes_the_verdict(data, truth, form, wrong, before, before_reps, after, after_reps):
+    """Wherever the window's cut falls (in the answer, just before or after it, anywhere), a wrong final answer
+    never passes and a right one never fails; both for math-verify and the in-process shortcut. The prose around
+    the answer has no digit, so the final answer is always the one math-verify reads in the whole text."""
+    t = str(truth)
+    value = t if wrong is None else wrong.format(t=t)
+    answer = form.format(v=value)
+    prefix = " ".join(before) * before_reps + "."  # a sentence ends: "$x$, $42$" would be one answer, {x, 42}
+    text = f"{prefix} {answer} " + " ".join(after) * after_reps
+    at = len(prefix) + 1
+    # cuts near the answer are the interesting ones: in it, and on either side of it
+    cut = data.draw(st.one_of(st.integers(at - 40, at + len(answer) + 40), st.integers(0, len(text))), label="cut")
+    max_chars = max(1, len(text) - max(0, cut))
+    expected = 1.0 if wrong is None else 0.0
+    slow, fast = _score_both(text, t, max_chars)
+    assert slow == expected, (max_chars, text[-max_chars - 20:][:300])
+    assert fast in (None, expected), (max_chars, text[-max_chars - 20:][:300])
+
+
+# Prose that math-verify does read: numbers, expressions, environments, a non-final box, "answer" without a value.
+_MIXED = st.sampled_from(["so", "we", "check", "the", "sum", "again", "thus", "it", "holds", ".", ",", ":", "\n",
+                          "\n\n", "3", "17", "2.5", "-3", "1 + 2", "= 4", "5 percent", "(7)", "$x$", "$y = 4$", "$12$",
+                          "\\alpha", "$$z$$", "\\(w\\)", "\\frac{1}{3}", "[note]", " [x] ", "let $a$ be",
+                          "to answer this", "\\boxed{x}", "$", "$$", "\\]", "\\text{ cm}", "I hope"])
+
+
+@settings(FUZZ, max_examples=100)
+@given(data=st.data(), truth=st.integers(1, 10 ** 5), form=st.sampled_from(_FORMS),
+       wrong=st.one_of(st.none(), st.sampled_from(_WRONG)),
+       before=st.lists(_MIXED, max_size=30), before_reps=st.sampled_from([1, 1, 2, 7, 30]),
+       after=st.lists(_MIXED, max_size=30), after_reps=st.sampled_from([1, 1, 2, 7, 30]))
+def test_window_reads_what_the_whole_text_says(data, truth, form, wrong, before, before_reps, after, after_reps):
+    """With numbers, math, stray delimiters and "answer" in the prose on both sides of the answer, every cut of the
+    window gives math-verify's verdict on the whole text (read with no window at all)."""
+    t = str(truth)
+    answer = form.format(v=t if wrong is None else wrong.format(t=t))
+    prefix = " ".join(before) * before_reps
+    text = f"{prefix} {answer} " + " ".join(after) * after_reps
+    at = len(prefix) + 1
+    cut = data.draw(st.one_of(st.integers(at - 40, at + len(answer) + 40), st.integers(0, len(text))), label="cut")
+    max_chars = max(1, len(text) - max(0, cut))
+    whole, _ = _score_both(text, t, 10 ** 9)
+    slow, fast = _score_both(text, t, max_chars)
+    assert slow == whole, (max_chars, text[-max_chars - 20:][:300])
+    assert fast in (None, whole), (max_chars, text[-max_chars - 20:][:300])
+
+
+def test_window_is_bounded_and_linear():
+    from rewards.answer_window import _SLACK, answer_window
+
+    hostile = ["x" * 1_000_000 + " \\boxed{1/2}", "$" * 1_000_000, "\\boxed{" * 200_000, "answer " * 150_000,
+               "1" * 1_000_000, "[" * 1_000_000, "\\" * 1_000_000, "a $b$ " * 200_000, "so 3 + 4 = 7\n" * 80_000,
+               "\\boxed{42}" + "y " * 500_000, "Answer: 42. " + "y " * 500_000,
+               " ".join(["$x$ 5 \\frac{1}{2}"] * 80_000),
+               "answer: " * 125_000, "The final answer is $5$. I hope " * 30_000, "\\boxed{1} and " * 70_000,
+               "$x$, " * 200_000, "\u0130 answer " * 100_000, " 5 percent" * 100_000, " " * 1_000_000 + "5"]
+    for text in hostile:
+        t0 = time.monotonic()
+        window = answer_window(text, 4000)
+        assert time.monotonic() - t0 < 2.0, text[:40]
+        assert len(window) <= 2 * 4000 + max(4000, _SLACK) + 17 * _SLACK, (text[:40], len(window))
+    assert answer_window("short \\boxed{3}", 4000) == "short \\boxed{3}"  # a short answer is read whole
+
+
+# ------------------------------------------------------------------ issue 67: an escaped dollar in prose
+DOLLAR_CASES = [  # (response, reference, score) through the composer
+    ("Answer: \\$18", "18", 1.0),  # "no parsable final answer" before
+    ("The total is \\$18.", "18", 1.0),
+    ("She has \\$5 and earns \\$13 more, so she has \\$18 in all.", "18", 1.0),
+    ("Each costs \\$4.50, so four cost \\$18.", "18", 1.0),
+    ("x = \\$18", "18", 1.0),
+    ("Answer: \\$1,000", "1000", 1.0),
+    ("Answer: \\$-5", "-5", 1.0),
+    ("so the price is \\$2.50", "2.5", 1.0),
+    ("\\boxed{\\$18}", "18", 1.0),  # math-verify reads these already
+    ("$\\$18$", "18", 1.0),
+    ("Answer: \\$17", "18", 0.0),
+    # hacks: nothing is joined, no sign is dropped, a list is read as math-verify reads plain numbers
+    ("\\$1\\$8", "18", 0.0),
+    ("$1$8", "18", 0.0),
+    ("Answer: \\$1\\$8", "18", 0.0),
+    ("Answer: \\$1\\$234", "1234", 0.0),
+    ("It costs 5 \\$234", "5234", 0.0),
+    ("Answer: -\\$5", "5", 0.0),
+    ("\\$" + " \\$".join(str(i) for i in range(1, 21)), "18", 0.0),  # every amount listed: the last one is read
+]
+
+
+def test_escaped_dollar_in_prose(composer):
+    trajs = composer.score([traj(t, a, uid=str(i)) for i, (t, a, _) in enumerate(DOLLAR_CASES)])
+    got = [t.reward for t in trajs]
+    want = [s for *_, s in DOLLAR_CASES]
+    assert got == want, [(DOLLAR_CASES[i][0], g, w, trajs[i].reward_error)
+                         for i, (g, w) in enumerate(zip(got, want)) if g != w]
+
+
+@settings(FUZZ, max_examples=80)
+@given(amounts=st.lists(st.integers(0, 99_999), min_size=1, max_size=5),
+       seps=st.lists(st.sampled_from([" and ", ", ", " or ", " then ", " so ", ". Total: ", "", " ", "=", "-"]),
+                     min_size=4, max_size=4),
+       lead=st.sampled_from(["", "Answer: ", "The answer is ", "It costs ", "so "]),
+       end=st.sampled_from(["", ".", " in total.", " per hour"]), pick=st.integers(0, 4))
+def test_escaped_dollars_never_join_or_invent_an_amount(amounts, seps, lead, end, pick):
+    """A response of escaped amounts passes only for an amount it wrote: never one made by joining two of them
+    ("\\$1\\$8" is not 18, "\\$5-\\$3" is not 2) or by dropping a sign; and, where each amount stands apart, only for
+    the one math-verify reads in plain numbers (the first after "answer", else the last)."""
+    used = seps[: len(amounts) - 1]
+    text = lead + "".join("\\$" + str(a) + (used[i] if i < len(used) else "") for i, a in enumerate(amounts)) + end
+    truth = amounts[pick % len(amounts)]
+    wrong = max(amounts) + 1
+    for gold in (truth, wrong):
+        slow, fast = _score_both(text, str(gold), 4000)
+        assert fast in (None, slow), text
+        assert slow == 0.0 or gold in amounts, text
+        if slow == 1.0 and all(sep.endswith(" ") for sep in used):
+            readable = {amounts[-1]} | ({amounts[0]} if lead.lower().startswith(("answer", "the answer")) else set())
+            assert gold in readable, text

@@ -21,7 +21,7 @@ from test_sandbox_isolation import LIMITS, fresh_probe, isolation  # noqa: E402,
 
 def os_only(program):
     """Run `program` with the OS layers only (the probe mode: no Python audit hook)."""
-    return sandbox._execute(program, SandboxLimits(**LIMITS), stdin="", asserts=None, mode="probe")
+    return sandbox._execute(program, SandboxLimits(**LIMITS), stdin="", mode="probe")
 
 
 HAS_SECCOMP = any(line.startswith("Seccomp:") for line in Path("/proc/self/status").read_text().splitlines())
@@ -89,9 +89,12 @@ def spawn(path):
     common = ([b"x"], [path.encode()], False, (), None, None, -1, -1, -1, -1, -1, -1, r, w, False, False, -1,
               None, None, None, -1, None)
     try:
-        pid = _posixsubprocess.fork_exec(*common, False)
-    except TypeError:  # the signature of other Python versions
-        pid = _posixsubprocess.fork_exec(*common)
+        try:
+            pid = _posixsubprocess.fork_exec(*common, False)
+        except TypeError:  # the signature of other Python versions
+            pid = _posixsubprocess.fork_exec(*common)
+    except OSError as exc:  # no process at all (the second filter: no new processes)
+        return f"fork {exc.errno}"
     os.close(w)
     err = b""
     while chunk := os.read(r, 200):
@@ -111,9 +114,14 @@ def test_exec_is_denied_past_the_audit_hook(isolation):
         pytest.skip("no /bin/true to copy")
     program = (f"ELF = {ELF!r}\n" + SPAWN + MEMFD
                + "print('memfd', spawn(f'/proc/self/fd/{fd}'))\nprint('sh', spawn('/bin/sh'))")
-    res = run_program(program, SandboxLimits(**LIMITS))
+    # The OS layers alone (no audit hook, no filter against new processes): the child exists, its exec is denied.
+    res = os_only(program)
     assert res.status == "ok", (res.status, res.detail, res.stderr_tail[-500:])
     assert res.stdout.split() == ["memfd", str(errno.EPERM), "sh", str(errno.EPERM)], res.stdout
+    # A program's own run: not even the child (the second filter: no new processes).
+    res = run_program(program, SandboxLimits(**LIMITS))
+    assert res.status == "ok", (res.status, res.detail, res.stderr_tail[-500:])
+    assert res.stdout.split() == ["memfd", "fork", str(errno.EPERM), "sh", "fork", str(errno.EPERM)], res.stdout
 
 
 RAW_CALLS = """
@@ -169,7 +177,7 @@ def test_probe_reports_the_filter_and_the_refuse_switch_requires_it(fresh_probe,
     with pytest.raises(SandboxIsolationError):
         run_program("print(1)", SandboxLimits(**LIMITS, require_os_isolation=True))
     with pytest.raises(SandboxIsolationError, match="seccomp"):
-        sandbox._execute("print(1)", SandboxLimits(**LIMITS, require_os_isolation=True), stdin="", asserts=None,
+        sandbox._execute("print(1)", SandboxLimits(**LIMITS, require_os_isolation=True), stdin="",
                          mode="stdio")
 
 

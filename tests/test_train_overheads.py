@@ -162,10 +162,12 @@ def test_engine_memory_share_is_vllms_gpu_memory_utilization():
     auto = engine_memory_share({"engine": "auto", "gpu_memory_utilization": 0.4, **sleeps})
     assert auto == (0.4 if importlib.util.find_spec("vllm") else None)
     assert engine_memory_share({"engine": "hf", "gpu_memory_utilization": 0.4, **sleeps}) is None
-    assert engine_memory_share({"engine": "vllm", **sleeps}) is None
+    # a key the config lacks reads the YAML's default (rl.config.ROLLOUT_DEFAULTS: 0.4, sleep mode on)
+    assert engine_memory_share({"engine": "vllm", **sleeps}) == 0.4
+    assert engine_memory_share({"engine": "vllm", "gpu_memory_utilization": None, **sleeps}) is None
     # an engine that never sleeps keeps its memory: it needs no room to wake up into, so nothing is handed back
     assert engine_memory_share({"engine": "vllm", "gpu_memory_utilization": 0.3, "enable_sleep_mode": False}) == 0.0
-    assert engine_memory_share({"engine": "vllm", "gpu_memory_utilization": 0.3}) == 0.0
+    assert engine_memory_share({"engine": "vllm", "gpu_memory_utilization": 0.3}) == 0.3
     # two instances on the GPU wake up into twice the share of one
     assert engine_memory_share({"engine": "vllm", "gpu_memory_utilization": 0.15, **sleeps}, engines=2) == 0.3
 

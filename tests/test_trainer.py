@@ -225,6 +225,15 @@ def test_pi_old_recomputed_by_the_trainer(setup):
     moved = PolicyTrainer(recfg, path, 0, 1, "127.0.0.1", _port()).train_step([shifted], norms)
     assert moved["is_clip_sum"] == moved["tokens"]  # e^0.5 > 1.2: every weight at the cap
     assert moved["clip_tokens"] == same["clip_tokens"]  # the ratio is against the recomputed pi_old, unchanged
+    # OPSM reads the engine's logprobs, not the recomputed pi_old (issue 68): stale or FP8 samples whose engine found
+    # their tokens far likelier (+2 per token) than the trainer does now are dropped where their advantage is < 0
+    stale = copy.deepcopy(trajs)
+    for t in stale:
+        t.inference_logprobs, t.opsm_delta = t.inference_logprobs + 2.0, 1.0
+    masked = PolicyTrainer(recfg, path, 0, 1, "127.0.0.1", _port()).train_step([stale], norms)
+    negative = sum(t.advantage < 0 for t in trajs)
+    assert 0 < negative < len(trajs)
+    assert sum(v for k, v in masked.items() if k.startswith("opsm_masked/")) == negative
 
 
 def test_rendezvous_port_is_held_from_the_moment_it_is_chosen():

@@ -4,6 +4,7 @@ route alignment, the trainer -> checkpoint name mapping used by the GPU weight s
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 from rollout.sampling import process_logits
@@ -47,7 +48,9 @@ def test_align_routes_zeroes_dense_layers():
     out = align_routes(routes, 10, dense_layers=[0], dtype=np.dtype(np.uint8))
     assert out.shape == (10, 4, 2) and out.dtype == np.uint8
     assert (out[:, 0] == 0).all() and (out[:, 1:] == routes[:10, 1:]).all()
-    assert align_routes(routes, 14, [], np.dtype(np.uint16)).shape == (14, 4, 2)
+    assert align_routes(routes, 12, [], np.dtype(np.uint16)).shape == (12, 4, 2)
+    with pytest.raises(ValueError, match="Keep Routing"):  # fewer rows than positions: refused, never padded
+        align_routes(routes, 14, [], np.dtype(np.uint16))  # (tests/test_route_rows.py)
 
 
 def test_checkpoint_names_match_transformers_layout():

@@ -3,7 +3,7 @@ how the step reduces them into logged metrics, and what it needs from a sample.
 
 `algorithm.objective` picks one from `OBJECTIVES`. Each is an `Objective` record:
 - `loss(logprobs, batch, acfg, norm) -> (loss, stats)`: the micro-batch's share of the mini-batch objective (`norm`
-  = the mini-batch's (sequences, loss tokens), `rl.batching.minibatch_norm`), with detached stats;
+  = the mini-batch's (episodes, loss tokens), `rl.batching.minibatch_norm`), with detached stats;
 - `sums(batch, stats) -> {key: tensor | number}`: what the micro-batch adds to the step's sums (`rl.metrics.
   TrainStatSums` sums whatever it is given; tensors stay on the device until the step ends);
 - `metrics(sums, domains, mini_batches) -> {metric: value}`: the step's logged values from the ranks' summed sums
@@ -33,11 +33,14 @@ from rl.trajectory import TrainBatch, host_to_device
 Sums = dict  # key -> a device tensor or a Python number, one micro-batch's share of the step's sums
 
 
-def grpo(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[int, int],
+def grpo(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[float, int],
          token_advantages: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
-    """`rl.losses.grpo_loss` with the mini-batch's norms. pi_old is the engine's `inference_logprobs`, or the
-    trainer's recomputation (`batch.old_logprobs`, algorithm.old_logprobs=trainer) with truncated importance
-    weights against the engine's (`algorithm.tis_cap`; null = none). `token_advantages`: see `distill`."""
+    """`rl.losses.grpo_loss` with the mini-batch's norms. pi_old of the ratio and of the unbiased KL's ratio is the
+    engine's `inference_logprobs`, or the trainer's recomputation (`batch.old_logprobs`,
+    algorithm.old_logprobs=trainer) with truncated importance weights min(pi_old/pi_engine, tis_cap) against the
+    engine's on the policy-gradient and KL terms alike (`algorithm.tis_cap`; null = none). OPSM's statistic reads
+    the engine's logprobs under either choice: the probability the tokens were sampled with (V3.2). Sequences weigh
+    their share of their episode (`batch.episode_share`, context segments). `token_advantages`: see `distill`."""
     norm_seqs, norm_tokens = norm
     old, is_weight = batch.inference_logprobs, None
     if batch.old_logprobs is not None:
@@ -61,6 +64,8 @@ def grpo(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[i
         norm_tokens=norm_tokens,
         is_weight=is_weight,
         token_advantages=token_advantages,
+        sampling_logprobs=batch.inference_logprobs,
+        episode_share=batch.episode_share,
     )
     if is_weight is not None:
         mask = batch.loss_mask
@@ -96,8 +101,8 @@ def grpo_metrics(s: Mapping[str, float], domains: list[str], mini_batches: int) 
         "loss/pg": get("loss/pg") / mini_batches,
         "loss/kl": get("loss/kl") / mini_batches,
         "clip_frac": ratio(s, "clip_tokens", "tokens"),
-        # algorithm.old_logprobs=trainer: the mean truncated importance weight pi_old/pi_inference and the share of
-        # tokens at the cap (null otherwise)
+        # algorithm.old_logprobs=trainer: the mean truncated importance weight pi_old/pi_inference (it weighs the
+        # policy-gradient and KL terms of each token) and the share of tokens at the cap (null otherwise)
         "tis/weight_mean": ratio(s, "is_weight_sum", "tokens") if "is_weight_sum" in s else None,
         "tis/clip_frac": ratio(s, "is_clip_sum", "tokens") if "is_weight_sum" in s else None,
         "opsm/masked_frac": sum(get(f"opsm_masked/{d}") for d in domains) / max(sum(get(f"seqs/{d}") for d in domains), 1),
@@ -109,7 +114,7 @@ def grpo_metrics(s: Mapping[str, float], domains: list[str], mini_batches: int) 
     return m
 
 
-def distill(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[int, int]) -> tuple[torch.Tensor, dict]:
+def distill(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[float, int]) -> tuple[torch.Tensor, dict]:
     """On-policy distillation: GRPO's loss (clip, OPSM, per-domain KL) over the per-token advantages
     `rl.losses.distill_token_advantages` (reward_coef * A_i + distill_coef * (log pi_teacher - log pi_old)); a sample
     without teacher logprobs has distill_coef 0 (its reward part alone, also when no sample of the micro-batch has a
@@ -151,7 +156,7 @@ def distill_metrics(s: Mapping[str, float], domains: list[str], mini_batches: in
     return m
 
 
-def sft(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[int, int]) -> tuple[torch.Tensor, dict]:
+def sft(logprobs: torch.Tensor, batch: TrainBatch, acfg: Mapping, norm: tuple[float, int]) -> tuple[torch.Tensor, dict]:
     """`rl.losses.sft_loss`: the per-token mean NLL of the assistant's tokens over the whole mini-batch."""
     return sft_loss(logprobs, batch.loss_mask, norm_tokens=norm[1])
 
@@ -170,7 +175,7 @@ def sft_metrics(s: Mapping[str, float], domains: list[str], mini_batches: int) -
 @dataclass(frozen=True)
 class Objective:
     name: str
-    loss: Callable[[torch.Tensor, TrainBatch, Mapping, tuple[int, int]], tuple[torch.Tensor, dict]]
+    loss: Callable[[torch.Tensor, TrainBatch, Mapping, tuple[float, int]], tuple[torch.Tensor, dict]]
     sums: Callable[[TrainBatch, dict], Sums]
     metrics: Callable[[Mapping[str, float], list[str], int], dict[str, float | None]]
     source: str  # "rollouts" | "dataset"

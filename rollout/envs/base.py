@@ -64,6 +64,12 @@ class ToolError(Exception):
     """An expected failure of a tool (no such city, a bad id): its message is what the model sees."""
 
 
+class ReferenceSolutionError(ValueError):
+    """An environment's reference solution does not run: one of its tool calls did not succeed (timed out, failed),
+    the solver raised, or its calls do not end with the submit tool. One line naming the environment, the task and
+    what went wrong."""
+
+
 class ToolTimeout(ToolError):
     """A self-timed tool (`own_timeout`) ran out of time and stopped its work: status "timeout", the message shown
     as is (e.g. what was lost)."""
@@ -322,7 +328,13 @@ class Environment:
             rows = []
             for n, line in enumerate(self.tasks_path.read_text(encoding="utf-8").splitlines(), 1):
                 if line.strip():
-                    row = json.loads(line)
+                    try:
+                        row = json.loads(line)
+                    except ValueError as exc:
+                        raise ValueError(f"{self.tasks_path}:{n}: not valid JSON ({exc})") from None
+                    if not isinstance(row, dict):
+                        raise ValueError(f"{self.tasks_path}:{n}: a task is a JSON object, not a "
+                                         f"{type(row).__name__}")
                     if not isinstance(row.get("id"), str) or not isinstance(row.get("prompt"), str):
                         raise ValueError(f"{self.tasks_path}:{n}: a task needs an 'id' and a 'prompt' string")
                     rows.append(row)
@@ -355,31 +367,49 @@ class Environment:
 
     def reference_solution(self, task: dict) -> list[tuple[str, dict]] | None:
         """The reference tool calls (ending with the submit call), or None without a solver. A solver of the form
-        `solve(task, call)` runs its calls in a scratch session; any call that does not succeed is an error."""
+        `solve(task, call)` runs its calls in a scratch session; any call that does not succeed is an error. Every
+        failure is a `ReferenceSolutionError` (a ValueError) naming the environment, the task and the call."""
         solve = getattr(self.module, "solve", None)
         if solve is None:
             return None
-        if len(inspect.signature(solve).parameters) == 1:
-            calls = solve(task)
-        else:
-            session, recorded = self.reset(task), []
 
-            def call(name, **args):
-                recorded.append((name, copy.deepcopy(args)))
-                res = session.call(name, args)
-                if res.status != "ok":
-                    raise RuntimeError(f"reference call {name} failed ({res.status}): {res.content[:300]}")
-                return res.value
+        def fail(why: str) -> ReferenceSolutionError:
+            return ReferenceSolutionError(f"environment {self.name}: the reference solution of task {task.get('id')} "
+                                          f"does not run: {' '.join(why.split())[:400]}")
 
-            try:
-                returned = solve(task, call)
-            finally:
-                session.close()
-            calls = returned if returned is not None else recorded
-        calls = [(str(n), dict(a)) for n, a in calls]
+        try:
+            if len(inspect.signature(solve).parameters) == 1:
+                calls = solve(task)
+            else:
+                try:
+                    session, recorded = self.reset(task), []
+                except Exception as exc:  # noqa: BLE001 - init_state's bug, not the solver's
+                    raise fail(f"its session's set-up (init_state) raised {type(exc).__name__}: {exc}") from exc
+
+                def call(name, **args):
+                    recorded.append((name, copy.deepcopy(args)))
+                    res = session.call(name, args)
+                    if res.status != "ok":
+                        shown = ", ".join(f"{k}={v!r:.60}" for k, v in args.items())
+                        what = "timed out" if res.status == "timeout" else f"failed ({res.status})"
+                        raise fail(f"{name}({shown}) {what}: {res.content[:300]}")
+                    return res.value
+
+                try:
+                    returned = solve(task, call)
+                finally:
+                    session.close()
+                calls = returned if returned is not None else recorded
+        except ReferenceSolutionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the solver's own bug (or init_state's): named, in one line
+            raise fail(f"solve raised {type(exc).__name__}: {exc}") from exc
+        try:
+            calls = [(str(n), dict(a)) for n, a in calls]
+        except (TypeError, ValueError):
+            raise fail(f"solve returned {calls!r:.100}, not a list of (tool name, arguments) pairs") from None
         if not calls or calls[-1][0] != self.submit_tool:
-            raise ValueError(f"{self.name}: the reference solution of {task.get('id')} does not end with "
-                             f"{self.submit_tool}")
+            raise fail(f"its calls do not end with {self.submit_tool}")
         return calls
 
     def perturbations(self, task: dict, calls: list[tuple[str, dict]]) -> dict[str, list[tuple[str, dict]]]:

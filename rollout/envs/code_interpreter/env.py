@@ -31,7 +31,8 @@ from rewards.sandbox import SandboxIsolationError, SandboxLimits, run_program, s
 from rollout.envs.base import ToolError, ToolTimeout, own_timeout
 
 MAX_CODE_CHARS = 20_000
-DIED = ("timeout", "cpu_limit", "memory", "output_limit", "write_limit", "forbidden", "killed", "runtime_error")
+DIED = ("timeout", "cpu_limit", "memory", "output_limit", "write_limit", "forbidden", "unavailable", "killed",
+        "runtime_error")
 # What env.yaml's `sandbox` block may set: a call's resources. Isolation policy is the run's (rewards.code) only.
 OWN_SANDBOX_KEYS = ("memory_mb", "output_bytes", "max_procs", "max_write_mb")
 
@@ -178,7 +179,7 @@ def run_python(state, code: Annotated[str, {"maxLength": MAX_CODE_CHARS}]) -> st
     m = end.search(cell_out)
     if res.status == "timeout":
         raise ToolTimeout(_restart(state, f"Timed out after {state.timeout_s:g} s", cell_out))
-    if res.status in ("sandbox_error", "setup_error"):
+    if res.status == "setup_error":
         raise ToolError(f"the sandbox failed ({res.status}: {res.detail}); your code did not run, earlier state "
                         "is kept")
     if m is None or res.status in DIED:

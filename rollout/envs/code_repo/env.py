@@ -7,13 +7,15 @@ Per episode, init_state copies the task's clean repository (repos/<repo>/) into 
 also when init_state fails, so nothing is left behind). Each episode has its own copy: no episode sees another's
 edits. The file tools (list_files, read_file, search, apply_edit) are trusted host code that only reads and
 writes text inside that copy: every path is resolved inside it (absolute paths, `..` and symbolic links are
-refused). Code of the repository never runs on the host: run_tests (and a regex search, whose pattern could take
-exponential time) send a snapshot of the copy into the project's code sandbox (rewards/sandbox.py `run_program`:
-the same OS isolation, rlimits, write quota and clean-up as the code_interpreter environment and the code reward,
-with the run's `rewards.code` settings, `state.config["code_sandbox"]`), where runner.py, a tiny stdlib-only test
-runner, writes the files into the box, runs the tests and prints one JSON line per test. The tool timeout is the
-sandbox's wall-clock limit; a run killed at it reports the tests that finished and the one that was running, and
-the episode goes on (the copy is untouched by a test run).
+refused). Code of the repository never runs on the host: run_tests sends a snapshot of the copy into the project's
+code sandbox in graded mode (rewards/sandbox.py `run_graded`: the same OS isolation, rlimits, write quota and
+clean-up as the code_interpreter environment and the code reward, with the run's `rewards.code` settings,
+`state.config["code_sandbox"]`). There the repository (without its tests) is written into the program's process,
+which imports its packages; the test files run in the grader's process, which the repository's code cannot reach,
+import, patch or write to (rewards/sandbox_grader.py, "suite"): each test's verdict is written by the grader, on
+a channel the code under test has no descriptor for. The tool timeout is the sandbox's wall-clock limit; a run
+killed at it reports the tests that finished and the one that was running, and the episode goes on (the copy is
+untouched by a test run). A regex search (a pattern could take exponential time) runs runner.py in the sandbox.
 
 The verifier (`verify`): nothing submitted scores 0. Otherwise the repository as it was at submit_result (a
 snapshot taken then, so verification works after the session is closed), with its tests/ directory replaced by the
@@ -21,8 +23,10 @@ original test files (editing a test to make it pass gains nothing), runs the tas
 pass-to-pass (P2P) tests in the sandbox. Score 1.0 when ALL F2P tests pass (F2P = all, not "at least one": a
 partial fix of an issue with several symptoms is not a fix) and no P2P test fails (P2F = 0); else 0.0, with a
 reason naming the failing tests and their messages. A test the run did not reach (it was killed at
-`verify_timeout_s`, or the code ended the process) counts as failing. The submitted code runs in the runner's own
-process, so a submission written to tamper with the runner on purpose is not caught (see runner.py).
+`verify_timeout_s`, or the code ended the process) counts as failing. The submitted code runs in a process of its
+own: patching the test framework, the tests' assertions or the reporting gains nothing there. What it can still
+do is what its own objects do when the tests use them (e.g. an `__eq__` that always holds makes a test that compares
+two of the repository's objects pass; a test that compares them with plain values is not fooled).
 
 Tasks (tasks.jsonl, made and validated by generate.py): id, repo, difficulty (easy: a one-line fix in the function
 the issue names; hard: the bug is elsewhere, e.g. a shared helper), prompt (the issue, written as a user would:
@@ -44,10 +48,10 @@ import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from rewards.sandbox import SandboxIsolationError, SandboxLimits, run_program, sandbox_limits_from_config
+from rewards.sandbox import SandboxIsolationError, SandboxLimits, run_graded, run_program, sandbox_limits_from_config
 from rollout.envs.base import ToolError, ToolTimeout, own_timeout
 
-RUNNER = Path(__file__).resolve().with_name("runner.py")
+RUNNER = Path(__file__).resolve().with_name("runner.py")  # the regex search's program
 OWN_SANDBOX_KEYS = ("memory_mb", "output_bytes", "max_procs", "max_write_mb")  # as code_interpreter's env.yaml
 MAX_REPO_BYTES = 4 << 20  # what a test run or a regex search sends into the sandbox
 MAX_FILE_BYTES = 256 << 10  # apply_edit does not make a file larger than this
@@ -59,14 +63,26 @@ MAX_MATCHES = 50
 MAX_LISTED = 300
 MAX_QUERY_CHARS = 200
 MESSAGE_CHARS = 400  # of one failing test's message
-OUTPUT_CHARS = 1000  # of what one test prints (kept by the runner); 200 of it are shown
+OUTPUT_CHARS = 1000  # of what one test prints (kept by the grader); 200 of it are shown
 SHOWN_FAILURES = 15
 SKIP_DIRS = {"__pycache__", ".git"}
 SPEC = re.compile(r"(tests/)?test_\w+\.py(::test_\w+)?|test_\w+")
 DIED = {"cpu_limit": "it ran out of CPU time", "memory": "it ran out of memory",
         "output_limit": "it printed too much", "write_limit": "it wrote too much to disk",
         "forbidden": "it did something the sandbox forbids", "killed": "it was killed",
-        "runtime_error": "the test runner failed"}
+        "unavailable": "it imported a module the sandbox does not provide",
+        "runtime_error": "the code under test ended its process"}
+# The program side of a test run: writes the repository (its tests excluded) into the box and puts it first on
+# sys.path; the grader then imports the repository's packages through it.
+BOOTSTRAP = """import base64 as _b64, os as _os, sys as _sys
+for _rel, _data in {files!r}.items():
+    _full = _os.path.join(_os.getcwd(), _rel)
+    _os.makedirs(_os.path.dirname(_full), exist_ok=True)
+    with open(_full, "wb") as _f:
+        _f.write(_b64.b64decode(_data))
+_os.remove("solution.py")  # this program's own file: the box holds the repository only
+_sys.path.insert(0, _os.getcwd())
+"""
 
 
 # ------------------------------------------------------------------------------------------- episode set-up
@@ -205,8 +221,8 @@ def _limits(state, timeout_s: float) -> SandboxLimits:
 
 
 def _sandboxed(state, request: dict, files: dict[str, bytes], timeout_s: float) -> tuple[dict, object]:
-    """Runs runner.py on `request` in the sandbox: ({kind: [payloads]} of the lines it printed, RunResult).
-    SandboxIsolationError (require_os_isolation without OS isolation) is raised as it is."""
+    """Runs runner.py (the regex search) on `request` in the sandbox: ({kind: [payloads]} of the lines it printed,
+    RunResult). SandboxIsolationError (require_os_isolation without OS isolation) is raised as it is."""
     mark = f"@@run-{secrets.token_hex(8)}"
     payload = {**request, "mark": mark, "files": {k: base64.b64encode(v).decode("ascii") for k, v in files.items()}}
     res = run_program(RUNNER.read_text(encoding="utf-8"), _limits(state, timeout_s), stdin=json.dumps(payload))
@@ -221,18 +237,35 @@ def _sandboxed(state, request: dict, files: dict[str, bytes], timeout_s: float) 
     return lines, res
 
 
+def packages_of(files: dict[str, bytes]) -> list[str]:
+    """The repository's top-level importable names (packages and modules), its tests excluded."""
+    names = set()
+    for rel in files:
+        head, _, rest = rel.partition("/")
+        name = head if rest else (head[:-3] if head.endswith(".py") else "")
+        if name.isidentifier() and name != "tests":
+            names.add(name)
+    return sorted(names)
+
+
 def run_suite(state, files: dict[str, bytes], select: list[str] | None, timeout_s: float) -> dict:
-    """Runs the selected tests (None: all) on `files` in the sandbox: {results: [{id, passed, message, output}],
-    missing: [specs], running: the test killed mid-run or None, status and detail (the sandbox's), seconds}."""
-    request = {"mode": "tests", "select": select, "message_chars": MESSAGE_CHARS, "output_chars": OUTPUT_CHARS}
-    lines, res = _sandboxed(state, request, files, timeout_s)
-    results = lines.get("result", [])
-    finished = {r["id"] for r in results}
-    started = [t for t in lines.get("start", []) if t not in finished]
-    done = lines.get("done", [{}])[-1] if "done" in lines else None
-    return {"results": results, "missing": (lines.get("missing") or [[]])[-1], "running": started[-1] if started
-            else None, "status": "ok" if res.status == "ok" and done is not None else res.status,
-            "detail": res.detail or res.stderr_tail.strip()[-300:], "seconds": (done or {}).get("seconds")}
+    """Runs the selected tests (None: all) of `files` in the sandbox, the tests in the grader's process and the
+    repository in the program's: {results: [{id, passed, message, output}], missing: [specs], running: the test
+    killed mid-run or None, status and detail (the sandbox's), seconds}."""
+    tests = {k: v.decode("utf-8", errors="replace") for k, v in files.items() if k.startswith("tests/")}
+    code = {k: base64.b64encode(v).decode("ascii") for k, v in files.items() if not k.startswith("tests/")}
+    grader = {"kind": "suite", "tests": tests, "select": select, "packages": packages_of(files),
+              "message_chars": MESSAGE_CHARS, "output_chars": OUTPUT_CHARS}
+    res = run_graded(BOOTSTRAP.format(files=code), _limits(state, timeout_s), grader)
+    results = [r["result"] for r in res.records if isinstance(r.get("result"), dict)]
+    finished = {r.get("id") for r in results}
+    started = [r["start"] for r in res.records if "start" in r and r["start"] not in finished]
+    missing = next((r["missing"] for r in res.records if "missing" in r), [])
+    seconds = next((r["seconds"] for r in res.records if "seconds" in r), None)
+    done = any(r.get("done") for r in res.records)
+    status = res.status if res.status != "ok" else "ok" if done else "killed"
+    return {"results": results, "missing": missing, "running": started[-1] if started else None, "status": status,
+            "detail": res.detail or res.stderr_tail.strip()[-300:], "seconds": seconds}
 
 
 # -------------------------------------------------------------------------------------------------- the tools
@@ -321,7 +354,7 @@ def search(state, query: str, path: str = "", regex: bool = False) -> str:
         except re.error as exc:
             raise ToolError(f"not a valid regular expression: {exc}") from None
         # Matching runs in the sandbox: a pattern can take exponential time, and only a process can be killed.
-        request = {"mode": "search", "pattern": query, "max_matches": MAX_MATCHES, "line_chars": LINE_CHARS}
+        request = {"pattern": query, "max_matches": MAX_MATCHES, "line_chars": LINE_CHARS}
         try:
             lines, res = _sandboxed(state, request, {k: v.encode() for k, v in texts.items()}, state.timeout_s)
         except SandboxIsolationError as exc:
@@ -432,7 +465,7 @@ def run_tests(state, test: str | None = None) -> str:
         out = run_suite(state, files, select, state.timeout_s)
     except SandboxIsolationError as exc:
         raise ToolError(f"the sandbox refused to run: {exc}") from None
-    if out["status"] in ("sandbox_error", "setup_error"):
+    if out["status"] == "setup_error":
         raise ToolError(f"the sandbox failed ({out['status']}: {out['detail']}); the tests did not run")
     if select and out["missing"] and not out["results"]:
         raise ToolError(f"no test matches {select[0]!r}; run_tests without an argument runs (and lists) them all")
@@ -503,7 +536,7 @@ def verify(task, state):
     f2p, p2p = list(task["f2p"]), list(task["p2p"])
     timeout = float(state.config.get("verify_timeout_s", 30))
     out = run_suite(state, graded_files(state), f2p + p2p, timeout)
-    if out["status"] in ("sandbox_error", "setup_error"):  # the sandbox's failure, not the submission's
+    if out["status"] == "setup_error":  # the sandbox's own report: its failure, not the submission's
         raise RuntimeError(f"the sandbox failed while verifying ({out['status']}: {out['detail']})")
     by_id = {r["id"]: r for r in out["results"]}
 
